@@ -1,0 +1,62 @@
+"""Flat YAML recipes with `key=value` command-line overrides.
+
+A recipe is a YAML mapping whose top-level keys are stage names (`data:`, `traces:`, `train:` ...) or, for
+single-stage recipes, the stage's fields directly. Overrides use dotted keys: `train.learning_rate=2e-4`.
+Values in overrides are parsed as YAML scalars (`3` -> int, `true` -> bool, `[a,b]` -> list).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .io import InputError
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise InputError(f"override {text!r}: expected key=value")
+    key, value = text.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(value) if value != "" else ""
+
+
+def apply_overrides(config: dict, overrides: list[str]) -> dict:
+    config = copy.deepcopy(config)
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = config
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise InputError(f"override {text!r}: {k} is not a mapping")
+        node[keys[-1]] = value
+    return config
+
+
+def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
+    config: dict = {}
+    if path:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"{path}: recipe file not found")
+        try:
+            config = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise InputError(f"{path}: invalid YAML ({e})") from e
+        if not isinstance(config, dict):
+            raise InputError(f"{path}: expected a mapping at the top level")
+        config.setdefault("recipe_name", path.stem)
+    return apply_overrides(config, list(overrides))
+
+
+def section(config: dict, name: str, known: set[str] | None = None, where: str = "recipe") -> dict:
+    """The `name:` section of a recipe; with `known`, unknown keys raise an error that lists the valid ones."""
+    sec = config.get(name, {}) or {}
+    if known is not None:
+        bad = sorted(set(sec) - known)
+        if bad:
+            raise InputError(f"{where}: unknown key(s) {bad} in section {name!r}; expected one of {sorted(known)}")
+    return sec

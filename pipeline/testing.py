@@ -1,0 +1,154 @@
+"""Tiny random models and a locally trained tokenizer for tests and `make smoke` (no hub ids, no downloads).
+
+`make_tiny_model_dir(out, family)` writes a folder that `AutoTokenizer.from_pretrained` and
+`AutoModelForCausalLM.from_pretrained` load exactly like a real model: a byte-level BPE tokenizer trained here
+on tool-calling text, with a Qwen-style chat template that renders `tools=` and assistant `tool_calls`
+(`<tool_call>{json}</tool_call>`), and a 2-layer random causal LM of the Llama, Qwen2 or Qwen3 family.
+
+Run as: python -m pipeline.testing OUT_DIR [--family qwen2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+
+# Qwen2.5-style template, reduced to what the pipeline needs: system, tools block, user/assistant/tool turns,
+# assistant tool_calls rendered as <tool_call> JSON, and the generation prompt.
+CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}{% else %}You are a helpful assistant.{% endif %}{{ \"\\n\\n\" }}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ \"\\n\" }}{{ tool | tojson }}{% endfor %}{{ \"\\n\" }}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
+    "XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+    "{% elif messages[0].role == 'system' %}"
+    "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'system' %}"
+    "{% elif message.role == 'assistant' %}"
+    "<|im_start|>assistant\n{% if message.content %}{{ message.content }}{% endif %}"
+    "{% if message.tool_calls %}{% for tc in message.tool_calls %}"
+    "{% set f = tc.function if tc.function is defined else tc %}"
+    "{% if not loop.first or message.content %}{{ \"\\n\" }}{% endif %}"
+    "<tool_call>\n{\"name\": \"{{ f.name }}\", \"arguments\": {{ f.arguments | tojson }}}\n</tool_call>"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% elif message.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
+    "{% else %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_CORPUS_WORDS = (
+    "the a of to and in is for on with what weather city unit celsius fahrenheit paris london tokyo new york "
+    "temperature date time user query function name arguments parameters properties type object string integer "
+    "number boolean array items enum required description default true false null get set add search find book "
+    "hotel flight alarm meeting reminder calculator expression location query limit id token api request "
+    "please can you me my tell how much many when where who which call tool tools response result json "
+    "hello thanks sure here is the answer 0 1 2 3 4 5 6 7 8 9 10 100 2023 2024 2026 am pm java javascript python"
+)
+
+
+def _corpus() -> list[str]:
+    words = _CORPUS_WORDS.split()
+    lines = []
+    for i in range(len(words)):
+        chunk = words[i:i + 8]
+        lines.append(" ".join(chunk))
+        call = {"name": f"get_{words[i]}", "arguments": {w: (i * 7 + j) if j % 2 else w.title()
+                                                         for j, w in enumerate(chunk[:3])}}
+        lines.append("<tool_call>\n" + json.dumps(call) + "\n</tool_call>")
+        lines.append(json.dumps(call, indent=2))
+        lines.append("```json\n" + json.dumps(call, indent=2) + "\n```")
+        lines.append(json.dumps({"type": "function", "function": {"name": words[i], "description": " ".join(chunk),
+                                 "parameters": {"type": "object", "properties": {chunk[0]: {"type": "string"}},
+                                                "required": [chunk[0]]}}}))
+    return lines * 3
+
+
+def make_tokenizer(vocab_size: int = 600):
+    """A byte-level BPE tokenizer trained on a small built-in corpus, wrapped as a PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>", "<tool_call>", "</tool_call>"])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def make_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+                intermediate: int = 128, max_positions: int = 4096):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                  num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=max_positions,
+                  tie_word_embeddings=True)
+    if family == "llama":
+        return LlamaConfig(**common)
+    if family == "qwen2":
+        return Qwen2Config(**common)
+    if family == "qwen3":
+        return Qwen3Config(head_dim=hidden // heads, **common)
+    raise ValueError(f"unknown tiny model family {family!r}; expected one of {FAMILIES}")
+
+
+def make_tiny_model(family: str = "qwen2", tokenizer=None, seed: int = 0, dtype=None, **config_kw):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = tokenizer or make_tokenizer()
+    config = make_config(family, vocab_size=len(tokenizer), **config_kw)
+    config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config.pad_token_id = tokenizer.pad_token_id
+    config.bos_token_id = None
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.eval()
+    return model, tokenizer
+
+
+def make_tiny_model_dir(out: str | Path, family: str = "qwen2", seed: int = 0, **config_kw) -> Path:
+    """Write a tiny model + tokenizer folder (idempotent: an existing complete folder is reused)."""
+    out = Path(out)
+    if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    model, tok = make_tiny_model(family, seed=seed, **config_kw)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--family", default="qwen2", choices=FAMILIES)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    print(make_tiny_model_dir(args.out, args.family, args.seed))
+
+
+if __name__ == "__main__":
+    main()
