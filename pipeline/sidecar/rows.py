@@ -1,0 +1,202 @@
+"""Sidecar rows: one function row and one slot row per (tool, parameter), all sharing one prefix.
+
+This module is the single contract between `labels` (which writes SFT rows), `train` (which packs them) and the
+wave predictor (which answers them at inference). A row is a chat: a system message carrying the instructions and
+the numbered tool block, and a user message carrying the dialogue followed by the row's question. Everything up to
+the question is identical across a request's rows, so one KV cache of that prefix serves the whole wave; training packs
+the rows the same way (prefix once, then each question + answer).
+
+Label (one per request, from the teacher's call):
+    {"id", "tool_index", "name", "arguments", "slots": [{"tool": i, "param": p, "value": v or None}, ...]}
+with a slot for EVERY (tool, parameter) of the request, `None` where the call omits the parameter and for all
+parameters of the tools that are not chosen.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..schema import param_names, tool_name, tool_params
+
+SYSTEM = ("You predict the tool call an assistant is about to make. The tools are numbered below. "
+          "Answer each question with JSON only.")
+FUNCTION_QUESTION = "Which tool is called? Answer with its number."
+CALL_QUESTION = "Write the call as compact JSON {\"name\": ..., \"arguments\": {...}}."
+QUESTION_MARK = "\u2063Q\u2063"  # invisible sentinel used to split the rendered chat into prefix and suffix
+
+
+class Unknown:
+    """An answer that is not valid JSON: the slot is treated as unknown (no hint)."""
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN = Unknown()
+
+
+def slot_question(tools: list[dict], tool_index: int, param: str) -> str:
+    return f"Value of [{tool_index}] {tool_name(tools[tool_index])}.{param}? JSON, or null if the call does not set it."
+
+
+def slot_keys(tools: list[dict]) -> list[tuple[int, str]]:
+    """Every (tool index, parameter) of a request, tools in order, parameters in schema order."""
+    return [(i, p) for i, t in enumerate(tools) for p in param_names(t)]
+
+
+def _short(text: str | None, limit: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _type_str(schema: dict) -> str:
+    if "enum" in schema:
+        return "enum{" + "|".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"]) + "}"
+    t = schema.get("type", "any")
+    if isinstance(t, list):
+        t = "|".join(t)
+    if t == "array" and isinstance(schema.get("items"), dict):
+        return f"array<{_type_str(schema['items'])}>"
+    if t == "object" and isinstance(schema.get("properties"), dict) and schema["properties"]:
+        return "object{" + ", ".join(f"{k}: {_type_str(v)}" for k, v in schema["properties"].items()) + "}"
+    return str(t)
+
+
+def tool_block(tools: list[dict], compact: bool = True, desc_chars: int = 160, param_desc_chars: int = 80) -> str:
+    """The numbered tool list. Compact: one line per tool and per parameter; full: each tool's JSON definition."""
+    lines = []
+    for i, tool in enumerate(tools):
+        fn = tool["function"]
+        if not compact:
+            lines.append(f"[{i}] " + json.dumps(fn, ensure_ascii=False))
+            continue
+        lines.append(f"[{i}] {fn['name']}: {_short(fn.get('description'), desc_chars)}")
+        params = tool_params(tool)
+        required = set(params.get("required", []))
+        for p, s in params.get("properties", {}).items():
+            flag = "required" if p in required else "optional"
+            default = f", default {json.dumps(s['default'], ensure_ascii=False)}" if "default" in s else ""
+            desc = _short(s.get("description"), param_desc_chars) if isinstance(s, dict) else ""
+            head = f"  - {p} ({_type_str(s) if isinstance(s, dict) else 'any'}, {flag}{default})"
+            lines.append(f"{head}: {desc}" if desc else head)
+    return "\n".join(lines)
+
+
+def dialogue_text(messages: list[dict]) -> str:
+    out = []
+    for m in messages:
+        role = m.get("role", "user")
+        content = m.get("content") or ""
+        if role == "assistant" and m.get("tool_calls"):
+            calls = [c.get("function", c) for c in m["tool_calls"]]
+            content = (content + " " if content else "") + json.dumps(calls, ensure_ascii=False)
+        out.append(f"{role.capitalize()}: {content}")
+    return "\n".join(out)
+
+
+def row_messages(request: dict, question: str, compact: bool = True) -> list[dict]:
+    """The prompt of one row in chat form (shared system + dialogue first, the row's question last)."""
+    return [
+        {"role": "system", "content": SYSTEM + "\n\nTools:\n" + tool_block(request["tools"], compact)},
+        {"role": "user", "content": "Dialogue:\n" + dialogue_text(request["messages"]) + "\n\nQuestion: " + question},
+    ]
+
+
+def answer_text(value: Any) -> str:
+    """Compact JSON of a slot value (`null` for an absent slot)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def parse_answer(text: str) -> Any:
+    """A decoded answer as a JSON value, or UNKNOWN when it is not valid JSON."""
+    try:
+        return json.loads(text.strip())
+    except (json.JSONDecodeError, ValueError):
+        return UNKNOWN
+
+
+def parse_function_answer(text: str, n_tools: int) -> int | None:
+    value = parse_answer(text)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n_tools:
+        return None
+    return value
+
+
+def label_from_call(request: dict, call: dict) -> dict:
+    """Function index + a value (or None) for every (tool, parameter) of the request."""
+    tools = request["tools"]
+    names = [tool_name(t) for t in tools]
+    if call["name"] not in names:
+        raise ValueError(f"request {request['id']}: call names {call['name']!r}, not one of the offered tools {names}")
+    chosen = names.index(call["name"])
+    args = call.get("arguments") or {}
+    slots = [{"tool": i, "param": p, "value": args.get(p) if i == chosen else None} for i, p in slot_keys(tools)]
+    return {"id": request["id"], "tool_index": chosen, "name": call["name"], "arguments": args, "slots": slots}
+
+
+def build_rows(request: dict, label: dict, compact: bool = True, direct_call: bool = False) -> list[dict]:
+    """SFT rows in trl's conversational prompt-completion format, plus metadata for packing and subsampling.
+
+    Each row: {"prompt": [system, user], "completion": [assistant], "request_id", "kind": function|slot|call,
+    "tool", "param", "chosen" (slot of the chosen tool), "null" (answer is null)}.
+    """
+    tools = request["tools"]
+    rows = [{"prompt": row_messages(request, FUNCTION_QUESTION, compact),
+             "completion": [{"role": "assistant", "content": str(label["tool_index"])}],
+             "request_id": request["id"], "kind": "function", "tool": None, "param": None, "chosen": True,
+             "null": False}]
+    for slot in label["slots"]:
+        i, p, v = slot["tool"], slot["param"], slot["value"]
+        rows.append({"prompt": row_messages(request, slot_question(tools, i, p), compact),
+                     "completion": [{"role": "assistant", "content": answer_text(v)}],
+                     "request_id": request["id"], "kind": "slot", "tool": i, "param": p,
+                     "chosen": i == label["tool_index"], "null": v is None})
+    if direct_call:
+        call = {"name": label["name"], "arguments": label["arguments"]}
+        rows.append({"prompt": row_messages(request, CALL_QUESTION, compact),
+                     "completion": [{"role": "assistant", "content": answer_text(call)}],
+                     "request_id": request["id"], "kind": "call", "tool": label["tool_index"], "param": None,
+                     "chosen": True, "null": False})
+    return rows
+
+
+def render_prefix_and_suffixes(tokenizer, request: dict, questions: list[str], compact: bool = True,
+                               chat_template_kwargs: dict | None = None) -> tuple[list[int], list[list[int]]]:
+    """Token ids of the shared prefix and of each row's suffix (question + end of turn + generation prompt).
+
+    The chat is rendered once with a sentinel in place of the question; the text before it is the prefix, the text
+    after it (with each question substituted) the suffixes. Prefix and suffixes are tokenized separately, the same way
+    in training and at inference, so the packed training sequence and the wave see identical tokens.
+    """
+    kw = dict(chat_template_kwargs or {})
+    text = tokenizer.apply_chat_template(row_messages(request, QUESTION_MARK, compact), tokenize=False,
+                                         add_generation_prompt=True, **kw)
+    if text.count(QUESTION_MARK) != 1:
+        raise ValueError(f"request {request.get('id')}: the chat template did not render the row question exactly once")
+    head, tail = text.split(QUESTION_MARK)
+    prefix = tokenizer(head, add_special_tokens=False)["input_ids"]
+    suffixes = [tokenizer(q + tail, add_special_tokens=False)["input_ids"] for q in questions]
+    return prefix, suffixes
+
+
+def wave_questions(request: dict, direct_call: bool = False) -> tuple[list[str], list[tuple]]:
+    """The questions of one wave and what each asks: ("function",), ("slot", tool, param), ("call",)."""
+    tools = request["tools"]
+    questions, keys = [FUNCTION_QUESTION], [("function",)]
+    for i, p in slot_keys(tools):
+        questions.append(slot_question(tools, i, p))
+        keys.append(("slot", i, p))
+    if direct_call:
+        questions.append(CALL_QUESTION)
+        keys.append(("call",))
+    return questions, keys
+
+
+def answer_ids(tokenizer, content: str) -> list[int]:
+    """Completion tokens as training sees them: the answer text then the end-of-turn token."""
+    ids = tokenizer(content, add_special_tokens=False)["input_ids"]
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if eos is None or eos == tokenizer.unk_token_id:
+        eos = tokenizer.eos_token_id
+    return ids + [eos]
