@@ -8,6 +8,7 @@ Values in overrides are parsed as YAML scalars (`3` -> int, `true` -> bool, `[a,
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,30 @@ import yaml
 from .io import InputError
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-4` as a string; recipes mean a float (learning rates), so resolve it as one."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                |\.[0-9_]+(?:[eE][-+][0-9]+)?
+                |[-+]?\.(?:inf|Inf|INF)
+                |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str):
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise InputError(f"override {text!r}: expected key=value")
     key, value = text.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(value) if value != "" else ""
+    return key.strip().split("."), yaml_load(value) if value != "" else ""
 
 
 def apply_overrides(config: dict, overrides: list[str]) -> dict:
@@ -43,7 +63,7 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
         if not path.is_file():
             raise InputError(f"{path}: recipe file not found")
         try:
-            config = yaml.safe_load(path.read_text()) or {}
+            config = yaml_load(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise InputError(f"{path}: invalid YAML ({e})") from e
         if not isinstance(config, dict):

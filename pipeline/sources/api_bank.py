@@ -1,0 +1,296 @@
+"""API-Bank level-1 / level-2 test data (`test-data/level-{1,2}-api.json`) -> canonical requests.
+
+Each source record is {"file", "id", "instruction", "input", "expected_output"}; it becomes one request
+`api_bank/<subset>/<position in the file>` (the source "id" is not unique, the position is).
+
+Tools: the `API descriptions:` lines of `instruction` (one JSON object per line). API-Bank types are python-ish
+and map onto JSON Schema as `str`->string, `int`->integer, `float`->number, `bool`->boolean, `dict`->object,
+`list`->array (items unconstrained), `list(X)`->array of X. Any other input-parameter type raises `InputError`
+naming the file, record, tool, parameter and type: the vocabulary is small and closed, so a new type means this
+converter needs a rule, not that the record should vanish. Output parameters are not part of a function schema
+and are left out. The source has no "required" lists and the gold calls often omit described parameters
+(`ForgotPassword` with status='Forgot Password' passes no verification code), so no parameter is marked required
+and `additionalProperties` is left open: the schema says exactly what the description says, nothing derived
+from gold.
+
+Level-2 offers only `ToolSearcher` in the instruction, but 90 of its 135 gold calls name another API. The
+descriptions of those APIs reach the model through the dialogue, as the results of earlier ToolSearcher calls
+(`API-Request: [ToolSearcher(...)]->{'name': 'BookHotel', ...}` or a list of such dicts). Those retrieved tools
+are offered too, after ToolSearcher, in the order they were retrieved (`offer_retrieved=False` restores the
+prompt-only tool list). 14 level-2 gold calls name an API whose description appears nowhere in the record;
+they are kept with the tools the record does describe and counted as `gold_tool_not_offered`.
+
+Dialogue (`input`): one turn per line, `User: ...` -> user, `AI: ...` -> assistant text,
+`API-Request: [Name(k='v')]->result` -> an assistant message with `tool_calls` (arguments as a dict, as chat
+templates expect) followed by a `tool` message whose content is the raw result text. The trailing
+`Generate API Request:` line is the task marker and is dropped. The instruction's `The current year is 2023.`
+sentence becomes the system message (gold dates depend on it); the rest of the instruction describes the
+source's own output format and is not carried over. A line with no known speaker makes the record a reject.
+
+Calls (`expected_output` and the dialogue) are parsed with `ast` as one Python call expression. Some source
+calls quote a list literal as if it were a string (`attendees='['John', 'Jane']'`), which is not Python; for
+those alone the quotes around a `[...]`/`{...}` value are removed (the step API-Bank's own evaluator sketches)
+and counted as `quoted_literal_unwrapped`. Every value is written as a string literal in the source
+(`room_count='1'`, `on='True'`); a value is typed by its tool's declared parameter type only when the
+conversion is exact (`'1'`->1, `'True'`->true, `'[...]'`->list; a str parameter keeps the quoted text verbatim).
+Values that do not convert stay as written and the data stage counts them against the schema.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+from pipeline.io import InputError, read_json
+from pipeline.sources import SourceResult
+
+BENCHMARK = "api_bank"
+SUBSETS = {"level-1": "test-data/level-1-api.json", "level-2": "test-data/level-2-api.json"}
+
+_SCALARS = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object"}
+_LIST_OF = re.compile(r"list\((?P<inner>[^()]+)\)")
+_SPEAKERS = {"User": "user", "AI": "assistant"}
+_YEAR = re.compile(r"The current year is \d{4}\.")
+_MARKER = "Generate API Request:"
+
+
+def param_schema(ptype: str, where: str) -> dict:
+    """JSON Schema for an API-Bank parameter type (`str`, `int`, `list(str)`...); unknown types raise."""
+    ptype = ptype.strip()
+    if ptype in _SCALARS:
+        return {"type": _SCALARS[ptype]}
+    if ptype == "list":
+        return {"type": "array"}
+    m = _LIST_OF.fullmatch(ptype)
+    if m:
+        return {"type": "array", "items": param_schema(m["inner"], where)}
+    raise InputError(f"{where}: unknown API-Bank parameter type {ptype!r}; expected one of "
+                     f"{sorted(_SCALARS) + ['list', 'list(<type>)']}")
+
+
+def api_to_tool(api: dict, where: str) -> dict:
+    """An API-Bank API description {"name", "description", "input_parameters"} -> OpenAI function tool."""
+    if not isinstance(api, dict) or not isinstance(api.get("name"), str):
+        raise InputError(f"{where}: expected an API description object with a 'name', got {str(api)[:80]!r}")
+    props = {}
+    for pname, spec in (api.get("input_parameters") or {}).items():
+        if not isinstance(spec, dict) or "type" not in spec:
+            raise InputError(f"{where}: parameter {api['name']}.{pname} has no 'type'")
+        prop = param_schema(str(spec["type"]), f"{where} ({api['name']}.{pname})")
+        if spec.get("description"):
+            prop["description"] = spec["description"]
+        props[pname] = prop
+    return {"type": "function", "function": {"name": api["name"], "description": api.get("description", ""),
+                                             "parameters": {"type": "object", "properties": props}}}
+
+
+class CallSyntaxError(ValueError):
+    """A call text is not `[Name(key=literal, ...)]`."""
+
+
+def _parse_call(text: str) -> tuple[str, dict[str, tuple[object, str]]]:
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError as e:
+        raise CallSyntaxError(f"not a Python expression ({e.msg})") from None
+    if not (isinstance(tree, ast.List) and len(tree.elts) == 1 and isinstance(tree.elts[0], ast.Call)):
+        raise CallSyntaxError("expected exactly one call inside [...]")
+    call = tree.elts[0]
+    if not isinstance(call.func, ast.Name) or call.args or any(k.arg is None for k in call.keywords):
+        raise CallSyntaxError("expected Name(key=value, ...) with keyword arguments only")
+    args = {}
+    for kw in call.keywords:
+        try:
+            value = ast.literal_eval(kw.value)
+        except ValueError:
+            raise CallSyntaxError(f"argument {kw.arg!r} is not a literal") from None
+        args[kw.arg] = (value, ast.get_source_segment(text, kw.value))
+    return call.func.id, args
+
+
+_OPEN_QUOTED = re.compile(r"(=\s*)'([\[{])")
+_CLOSE_QUOTED = re.compile(r"([\]}])'(?=\s*(?:,\s*[A-Za-z_]\w*\s*=|\)\]\s*$))")
+
+
+def parse_api_request(text: str) -> tuple[str, dict[str, tuple[object, str]], bool]:
+    """`[Name(k='v', ...)]` (optionally after `API-Request:`) -> (name, {arg: (value, source text)}, unwrapped).
+
+    `unwrapped` says whether quoted list/dict literals had to be unquoted to make the text parse.
+    """
+    text = text.strip()
+    if text.startswith("API-Request:"):
+        text = text[len("API-Request:"):].strip()
+    try:
+        name, args = _parse_call(text)
+        return name, args, False
+    except CallSyntaxError as first:
+        fixed = _CLOSE_QUOTED.sub(r"\1", _OPEN_QUOTED.sub(r"\1\2", text))
+        if fixed == text:
+            raise first
+        name, args = _parse_call(fixed)
+        return name, args, True
+
+
+def type_value(value, source: str, ptype: str | None):
+    """Type a parsed value by its declared API-Bank type when the conversion is exact; else return it as is."""
+    if ptype is None:
+        return value
+    ptype = ptype.strip()
+    if ptype == "str":
+        return source if isinstance(value, (list, dict)) else value  # an unquoted literal keeps its text
+    if not isinstance(value, str):
+        return value
+    if ptype == "int" and re.fullmatch(r"[+-]?\d+", value):
+        return int(value)
+    if ptype == "float" and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", value):
+        return float(value)
+    if ptype == "bool" and value in ("True", "False", "true", "false"):
+        return value in ("True", "true")
+    if ptype == "list" or _LIST_OF.fullmatch(ptype) or ptype == "dict":
+        try:
+            parsed = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+        if isinstance(parsed, dict if ptype == "dict" else list):
+            return parsed
+    return value
+
+
+def typed_arguments(args: dict, api: dict | None, result: SourceResult, count: bool) -> dict:
+    types = {p: str(s.get("type")) for p, s in ((api or {}).get("input_parameters") or {}).items()}
+    out = {}
+    for key, (value, source) in args.items():
+        typed = type_value(value, source, types.get(key))
+        if count and typed is not value:
+            result.notes[f"gold_typed_{types[key]}"] += 1
+        out[key] = typed
+    return out
+
+
+def _retrieved_apis(result_text: str) -> list[dict] | None:
+    try:
+        found = ast.literal_eval(result_text.strip())
+    except (ValueError, SyntaxError):
+        return None
+    found = [found] if isinstance(found, dict) else found
+    if not isinstance(found, list) or not all(isinstance(a, dict) and "name" in a for a in found):
+        return None
+    return found
+
+
+def _split_request_line(line: str):
+    """`API-Request: [Call(...)]->result` -> (parsed call, result); the call ends at the first `)]->` that parses."""
+    body = line[len("API-Request:"):]
+    start = 0
+    while (cut := body.find(")]->", start)) != -1:
+        try:
+            return parse_api_request(body[:cut + 2]), body[cut + 4:]
+        except CallSyntaxError:
+            start = cut + 1
+    raise CallSyntaxError("no `[Name(...)]->result` call found")
+
+
+def convert_record(rec: dict, file: Path, index: int, subset: str, result: SourceResult,
+                   offer_retrieved: bool = True) -> dict | None:
+    """One source record -> request, or None after recording a reject."""
+    where = f"{file} (record {index})"
+    instruction, dialogue, expected = rec.get("instruction"), rec.get("input"), rec.get("expected_output")
+    if not all(isinstance(x, str) for x in (instruction, dialogue, expected)):
+        result.reject(file, index, "missing_field", "instruction, input and expected_output must be strings")
+        return None
+    head, sep, desc_block = instruction.partition("API descriptions:")
+    if not sep:
+        result.reject(file, index, "no_api_descriptions", "instruction has no 'API descriptions:' block")
+        return None
+    apis = {}
+    for line in desc_block.strip().splitlines():
+        try:
+            api = json.loads(line)
+        except json.JSONDecodeError as e:
+            result.reject(file, index, "api_description_not_json", f"{e.msg}: {line[:120]}")
+            return None
+        if not (isinstance(api, dict) and isinstance(api.get("name"), str)):
+            result.reject(file, index, "api_description_invalid", f"expected an object with a name: {line[:120]}")
+            return None
+        apis[api["name"]] = api
+    tools = [api_to_tool(api, where) for api in apis.values()]
+
+    messages = []
+    year = _YEAR.search(head)
+    if year:
+        messages.append({"role": "system", "content": year.group(0)})
+    else:
+        result.notes["no_current_year"] += 1
+    lines = dialogue.rstrip("\n").split("\n")
+    if lines and lines[-1].strip() == _MARKER:
+        lines.pop()
+    calls = []  # (assistant message, parsed args) typed once all tools are known
+    for n, line in enumerate(lines, 1):
+        speaker, sep, text = line.partition(": ")
+        if line.startswith("API-Request:"):
+            try:
+                (name, args, _), output = _split_request_line(line)
+            except CallSyntaxError as e:
+                result.reject(file, index, "dialogue_call_unparsed", f"line {n}: {e}: {line[:120]}")
+                return None
+            call_id = f"call_{len(calls)}"
+            msg = {"role": "assistant", "content": "",
+                   "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": {}}}]}
+            messages += [msg, {"role": "tool", "tool_call_id": call_id, "name": name, "content": output}]
+            calls.append((msg, args))
+            if name == "ToolSearcher" and offer_retrieved:
+                found = _retrieved_apis(output)
+                if found is None:
+                    result.notes["toolsearcher_result_unparsed"] += 1
+                for api in found or []:
+                    if api["name"] not in apis:
+                        apis[api["name"]] = api
+                        tools.append(api_to_tool(api, f"{where} line {n}"))
+                        result.notes["tools_from_toolsearcher_results"] += 1
+        elif sep and speaker in _SPEAKERS:
+            messages.append({"role": _SPEAKERS[speaker], "content": text})
+        else:
+            result.reject(file, index, "dialogue_line_unparsed", f"line {n}: no User:/AI:/API-Request: prefix: "
+                                                                  f"{line[:120]!r}")
+            return None
+    for msg, args in calls:
+        fn = msg["tool_calls"][0]["function"]
+        fn["arguments"] = typed_arguments(args, apis.get(fn["name"]), result, count=False)
+        if fn["name"] not in apis:
+            result.notes["dialogue_call_tool_not_offered"] += 1
+
+    try:
+        name, args, unwrapped = parse_api_request(expected)
+    except CallSyntaxError as e:
+        result.reject(file, index, "gold_unparsed", f"{e}: {expected[:160]}")
+        return None
+    if unwrapped:
+        result.notes["quoted_literal_unwrapped"] += 1
+    if name not in apis:
+        result.notes["gold_tool_not_offered"] += 1
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+        result.notes["dialogue_ends_with_assistant_text"] += 1
+    return {"id": f"{BENCHMARK}/{subset}/{index}", "benchmark": BENCHMARK, "subset": subset,
+            "messages": messages, "tools": tools,
+            "gold": [{"name": name, "arguments": typed_arguments(args, apis.get(name), result, count=True)}]}
+
+
+def load(root: Path, offer_retrieved: bool = True) -> SourceResult:
+    """Convert both subsets under `root` (the API-Bank raw folder)."""
+    result = SourceResult()
+    for subset, rel in SUBSETS.items():
+        file = Path(root) / rel
+        records = read_json(file)
+        if not isinstance(records, list):
+            raise InputError(f"{file}: expected a JSON list of records, got {type(records).__name__}")
+        for index, rec in enumerate(records):
+            if not isinstance(rec, dict):
+                result.reject(file, index, "not_an_object", f"got {type(rec).__name__}")
+                continue
+            request = convert_record(rec, file, index, subset, result, offer_retrieved)
+            if request is not None:
+                result.requests.append(request)
+                result.notes[f"requests_{subset}"] += 1
+    return result

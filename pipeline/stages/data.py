@@ -1,0 +1,264 @@
+"""The `data` stage: raw benchmarks -> canonical requests, split, contamination-filtered, with a stats report.
+
+Run as: python -m pipeline.stages.data [--recipe recipes/data/default.yaml] [data.key=value ...] [--force]
+
+Each source converter (pipeline/sources/) turns its dialect into JSON Schema and parses gold calls; this stage
+checks every tool schema against the 2020-12 meta-schema, validates every gold call against its tool (failures are
+counted by reason and marked on the request as `gold_errors`, never fixed or dropped), assigns splits (evaluation
+subsets -> `test`, everything else -> `train`/`dev` by a hash of the id), removes train/dev requests that offer a
+tool named in an evaluation set, and writes `data/requests/<benchmark>/<split>.jsonl` + `stats.json` + manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..io import InputError, read_json, sha256_file, write_json, write_jsonl, write_manifest
+from ..recipes import load_recipe, section
+from ..schema import find_tool, schema_errors, tool_name, tool_params, validation_errors
+from ..sources import SOURCE_MODULES, load_source
+
+DEFAULTS = {
+    "raw_root": "../shared/data",
+    "out": "data/requests",
+    "sources": list(SOURCE_MODULES),
+    "eval_subsets": {"api_bank": ["level-1", "level-2"], "toolalpaca": ["eval_simulated", "eval_real"],
+                     "bfcl": ["simple_java", "simple_javascript"], "seal_tools": ["test_out_domain"]},
+    "dev_fraction": 0.1,
+    "contamination_filter": True,
+    "limit_per_subset": None,
+}
+SPLITS = ("train", "dev", "test")
+
+
+def hash_split(request_id: str, dev_fraction: float) -> str:
+    """Deterministic train/dev assignment from the request id (stable across machines and runs)."""
+    bucket = int(hashlib.sha256(request_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "dev" if bucket < dev_fraction else "train"
+
+
+def gold_error_reasons(request: dict) -> list[str]:
+    """Why each gold call of a request fails its tool's schema, as short reason keys (empty list = all valid)."""
+    reasons = []
+    for call in request.get("gold", []):
+        idx = find_tool(request["tools"], call.get("name", ""))
+        if idx is None:
+            reasons.append("unknown_tool")
+            continue
+        args = call.get("arguments")
+        if not isinstance(args, dict):
+            reasons.append("arguments_not_object")
+            continue
+        schema = tool_params(request["tools"][idx])
+        errors = validation_errors(args, schema)
+        if errors:
+            reasons.append(_reason_key(args, schema))
+    return reasons
+
+
+def _reason_key(args: dict, schema: dict) -> str:
+    from jsonschema import Draft202012Validator
+
+    err = min(Draft202012Validator(schema).iter_errors(args), key=lambda e: (len(e.path), str(e.validator)))
+    return f"schema_{err.validator}"
+
+
+def check_request(req: dict, source: str) -> None:
+    """Structural checks of a converted request; a failure is a converter bug, reported with the record id."""
+    for key in ("id", "benchmark", "messages", "tools", "gold"):
+        if key not in req:
+            raise InputError(f"source {source} (record {req.get('id', '?')}): missing field {key!r}")
+    for tool in req["tools"]:
+        if tool.get("type") != "function" or "name" not in tool.get("function", {}):
+            raise InputError(f"source {source} (record {req['id']}): tool is not {{'type': 'function', 'function': "
+                             f"{{'name', ...}}}}: {json.dumps(tool)[:200]}")
+        params = tool_params(tool)
+        errs = schema_errors(params)
+        if errs or params.get("type") != "object":
+            raise InputError(f"source {source} (record {req['id']}): parameters of tool {tool_name(tool)!r} are not "
+                             f"a valid JSON Schema object: {errs[:3] or params.get('type')}")
+
+
+def contamination_names(requests: list[dict]) -> set[str]:
+    return {tool_name(t).lower() for r in requests for t in r["tools"]}
+
+
+def _mean(xs: list[float]) -> float:
+    return round(statistics.fmean(xs), 2) if xs else 0.0
+
+
+def split_stats(reqs: list[dict]) -> dict:
+    tools = [len(r["tools"]) for r in reqs]
+    params = [len(tool_params(t).get("properties", {})) for r in reqs for t in r["tools"]]
+    golds = [len(r["gold"]) for r in reqs]
+    invalid = Counter(reason for r in reqs for reason in r.get("gold_errors", []))
+    return {"requests": len(reqs), "tools_per_request": _mean(tools),
+            "tools_range": [min(tools), max(tools)] if tools else [0, 0],
+            "params_per_tool": _mean(params), "gold_calls_per_request": _mean(golds),
+            "no_gold": sum(1 for g in golds if g == 0),
+            "requests_with_invalid_gold": sum(1 for r in reqs if r.get("gold_errors")),
+            "invalid_gold_by_reason": dict(sorted(invalid.items())),
+            "subsets": dict(sorted(Counter(r.get("subset", "") for r in reqs).items()))}
+
+
+def format_table(stats: dict) -> str:
+    head = ["benchmark", "split", "requests", "tools/req", "params/tool", "gold/req", "invalid gold (by reason)",
+            "removed (contam.)"]
+    rows = []
+    for bench, per_split in stats["benchmarks"].items():
+        for split, s in per_split.items():
+            reasons = ", ".join(f"{k} {v}" for k, v in s["invalid_gold_by_reason"].items()) or "-"
+            rows.append([bench, split, str(s["requests"]), f"{s['tools_per_request']:.2f}",
+                         f"{s['params_per_tool']:.2f}", f"{s['gold_calls_per_request']:.2f}",
+                         f"{s['requests_with_invalid_gold']} ({reasons})", str(s.get("removed_by_contamination", 0))])
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    out = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows]
+    return "\n".join(out)
+
+
+def input_files(raw_root: Path, sources: list[str]) -> list[Path]:
+    files = []
+    for s in sources:
+        folder = raw_root / s
+        if folder.is_dir():
+            files += sorted(p for p in folder.rglob("*") if p.suffix in (".json", ".jsonl") and p.is_file())
+    return files
+
+
+def run(cfg: dict, force: bool = False) -> dict:
+    raw_root, out = Path(cfg["raw_root"]), Path(cfg["out"])
+    if not raw_root.is_dir():
+        raise InputError(f"{raw_root}: raw benchmark folder not found (set data.raw_root=PATH)")
+    inputs = input_files(raw_root, cfg["sources"])
+    fingerprint = hashlib.sha256(json.dumps([cfg, [sha256_file(p) for p in inputs]], sort_keys=True,
+                                            default=str).encode()).hexdigest()
+    manifest = out / "manifest.json"
+    if (not force and (out / "stats.json").exists() and manifest.exists()
+            and read_json(manifest).get("fingerprint") == fingerprint):
+        print(f"{out}: up to date (same recipe and inputs; --force to rebuild)")
+        return read_json(out / "stats.json")
+
+    # Load and check every source
+    by_bench: dict[str, list[dict]] = {}
+    rejects, notes = {}, {}
+    for name in tqdm(cfg["sources"], desc="sources", unit="source"):
+        mod = load_source(name)
+        res = mod.load(raw_root / name)
+        reqs = res.requests
+        if cfg.get("limit_per_subset"):
+            seen: Counter = Counter()
+            kept = []
+            for r in reqs:
+                seen[r.get("subset", "")] += 1
+                if seen[r.get("subset", "")] <= cfg["limit_per_subset"]:
+                    kept.append(r)
+            reqs = kept
+        ids = Counter(r["id"] for r in reqs)
+        dup = [i for i, n in ids.items() if n > 1]
+        if dup:
+            raise InputError(f"source {name}: duplicate request ids {dup[:5]}")
+        for r in reqs:
+            check_request(r, name)
+            errs = gold_error_reasons(r)
+            if errs:
+                r["gold_errors"] = errs
+            else:
+                r.pop("gold_errors", None)
+        by_bench[mod.BENCHMARK] = reqs
+        rejects[mod.BENCHMARK] = dict(Counter(x["reason"] for x in res.rejects))
+        notes[mod.BENCHMARK] = dict(res.notes)
+        if res.rejects:
+            write_jsonl(out / mod.BENCHMARK / "rejected.jsonl", res.rejects)
+
+    # Assign splits
+    split_of: dict[str, dict[str, list[dict]]] = {b: {s: [] for s in SPLITS} for b in by_bench}
+    for bench, reqs in by_bench.items():
+        eval_subsets = set(cfg["eval_subsets"].get(bench, []))
+        for r in reqs:
+            r["split"] = "test" if r.get("subset") in eval_subsets else hash_split(r["id"], cfg["dev_fraction"])
+            split_of[bench][r["split"]].append(r)
+
+    # Contamination filter: no train/dev request may offer a tool named in an evaluation set
+    eval_names = contamination_names([r for b in split_of.values() for r in b["test"]])
+    removed: dict[str, dict[str, int]] = defaultdict(dict)
+    removed_examples: dict[str, list[str]] = defaultdict(list)
+    if cfg["contamination_filter"]:
+        for bench, splits in split_of.items():
+            for split in ("train", "dev"):
+                keep = []
+                for r in splits[split]:
+                    hit = sorted({tool_name(t) for t in r["tools"] if tool_name(t).lower() in eval_names})
+                    if hit:
+                        if len(removed_examples[bench]) < 5:
+                            removed_examples[bench].append(f"{r['id']}: {', '.join(hit)}")
+                    else:
+                        keep.append(r)
+                removed[bench][split] = len(splits[split]) - len(keep)
+                splits[split] = keep
+
+    # Write
+    stats = {"benchmarks": {}, "rejects": rejects, "notes": notes, "eval_tool_names": len(eval_names),
+             "contamination_examples": dict(removed_examples)}
+    for bench, splits in split_of.items():
+        stats["benchmarks"][bench] = {}
+        for split in SPLITS:
+            reqs = splits[split]
+            path = out / bench / f"{split}.jsonl"
+            if not reqs:
+                if path.exists():
+                    path.unlink()
+                continue
+            write_jsonl(path, reqs)
+            s = split_stats(reqs)
+            s["removed_by_contamination"] = removed.get(bench, {}).get(split, 0)
+            stats["benchmarks"][bench][split] = s
+    stats["table"] = format_table(stats)
+    write_json(out / "stats.json", stats)
+    write_manifest(out, "data", cfg, inputs, extra={"fingerprint": fingerprint, "bfcl_eval": _bfcl_version()})
+    return stats
+
+
+def _bfcl_version() -> str | None:
+    import importlib.metadata as md
+
+    try:
+        return md.version("bfcl-eval")
+    except md.PackageNotFoundError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.stages.data", description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default=None, help="recipe YAML (default: built-in defaults = recipes/data/default.yaml)")
+    ap.add_argument("--force", action="store_true", help="rebuild even if the output is up to date")
+    ap.add_argument("overrides", nargs="*", help="data.key=value overrides")
+    args = ap.parse_args(argv)
+    recipe = load_recipe(args.recipe, args.overrides)
+    cfg = {**DEFAULTS, **section(recipe, "data", known=set(DEFAULTS), where=args.recipe or "recipe")}
+    try:
+        stats = run(cfg, force=args.force)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(stats["table"])
+    for bench, rej in stats["rejects"].items():
+        if rej:
+            print(f"{bench}: rejected records by reason: {rej}")
+    for bench, n in stats["notes"].items():
+        if n:
+            print(f"{bench}: notes: {n}")
+    print(f"wrote {cfg['out']}/<benchmark>/<split>.jsonl and {cfg['out']}/stats.json")
+    return stats
+
+
+if __name__ == "__main__":
+    main()
