@@ -3,37 +3,39 @@
 Each source record is {"file", "id", "instruction", "input", "expected_output"}; it becomes one request
 `api_bank/<subset>/<position in the file>` (the source "id" is not unique, the position is).
 
-Tools: the `API descriptions:` lines of `instruction` (one JSON object per line). API-Bank types are python-ish
-and map onto JSON Schema as `str`->string, `int`->integer, `float`->number, `bool`->boolean, `dict`->object,
-`list`->array (items unconstrained), `list(X)`->array of X. Any other input-parameter type raises `InputError`
-naming the file, record, tool, parameter and type: the vocabulary is small and closed, so a new type means this
-converter needs a rule, not that the record should vanish. Output parameters are not part of a function schema
-and are left out. The source has no "required" lists and the gold calls often omit described parameters
-(`ForgotPassword` with status='Forgot Password' passes no verification code), so no parameter is marked required
-and `additionalProperties` is left open: the schema says exactly what the description says, nothing derived
-from gold.
+Tools: the `API descriptions:` lines of `instruction` (one JSON object per line). API-Bank types are
+python-ish and map onto JSON Schema as `str`->string, `int`->integer, `float`->number, `bool`->boolean,
+`dict`->object, `list`->array (items unconstrained), `list(X)`->array of X. Any other input-parameter type
+raises `InputError` naming the file, record, tool, parameter and type: the vocabulary is small and closed, so
+a new type means this converter needs a rule, not that the record should vanish. Output parameters are not
+part of a function schema and are left out. The source has no "required" lists and the gold calls often omit
+described parameters (`ForgotPassword` with status='Forgot Password' passes no verification code), so no
+parameter is marked required. The described parameters are the API's whole signature as the benchmark states
+it, so `additionalProperties` is false: an argument the description does not name (8 level-1 `TimedSwitch`
+golds pass `device_id` where the description says `name`) is left for the data stage to count. Nothing in a
+schema is derived from gold.
 
 Level-2 offers only `ToolSearcher` in the instruction, but 90 of its 135 gold calls name another API. The
 descriptions of those APIs reach the model through the dialogue, as the results of earlier ToolSearcher calls
-(`API-Request: [ToolSearcher(...)]->{'name': 'BookHotel', ...}` or a list of such dicts). Those retrieved tools
-are offered too, after ToolSearcher, in the order they were retrieved (`offer_retrieved=False` restores the
-prompt-only tool list). 14 level-2 gold calls name an API whose description appears nowhere in the record;
+(`API-Request: [ToolSearcher(...)]->{'name': 'BookHotel', ...}` or a list of such dicts). Those retrieved
+tools are offered too, after ToolSearcher, in the order they were retrieved (`offer_retrieved=False` restores
+the prompt-only tool list). 14 level-2 gold calls name an API whose description appears nowhere in the record;
 they are kept with the tools the record does describe and counted as `gold_tool_not_offered`.
 
-Dialogue (`input`): one turn per line, `User: ...` -> user, `AI: ...` -> assistant text,
-`API-Request: [Name(k='v')]->result` -> an assistant message with `tool_calls` (arguments as a dict, as chat
-templates expect) followed by a `tool` message whose content is the raw result text. The trailing
-`Generate API Request:` line is the task marker and is dropped. The instruction's `The current year is 2023.`
-sentence becomes the system message (gold dates depend on it); the rest of the instruction describes the
-source's own output format and is not carried over. A line with no known speaker makes the record a reject.
+Dialogue (`input`): one turn per line, `User: ...` -> user, `AI: ...` -> assistant text, `API-Request:
+[Name(k='v')]->result` -> an assistant message with `tool_calls` (arguments as a dict, as chat templates
+expect) followed by a `tool` message whose content is the raw result text. The trailing `Generate API
+Request:` line is the task marker and is dropped. The instruction's `The current year is 2023.` sentence
+becomes the system message (gold dates depend on it); the rest of the instruction describes the source's own
+output format and is not carried over. A line with no known speaker makes the record a reject.
 
 Calls (`expected_output` and the dialogue) are parsed with `ast` as one Python call expression. Some source
 calls quote a list literal as if it were a string (`attendees='['John', 'Jane']'`), which is not Python; for
 those alone the quotes around a `[...]`/`{...}` value are removed (the step API-Bank's own evaluator sketches)
 and counted as `quoted_literal_unwrapped`. Every value is written as a string literal in the source
 (`room_count='1'`, `on='True'`); a value is typed by its tool's declared parameter type only when the
-conversion is exact (`'1'`->1, `'True'`->true, `'[...]'`->list; a str parameter keeps the quoted text verbatim).
-Values that do not convert stay as written and the data stage counts them against the schema.
+conversion is exact (`'1'`->1, `'True'`->true, `'[...]'`->list; a str parameter keeps the quoted text
+verbatim). Values that do not convert stay as written and the data stage counts them against the schema.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 from pipeline.io import InputError, read_json
@@ -83,7 +86,8 @@ def api_to_tool(api: dict, where: str) -> dict:
             prop["description"] = spec["description"]
         props[pname] = prop
     return {"type": "function", "function": {"name": api["name"], "description": api.get("description", ""),
-                                             "parameters": {"type": "object", "properties": props}}}
+                                             "parameters": {"type": "object", "properties": props,
+                                                            "additionalProperties": False}}}
 
 
 class CallSyntaxError(ValueError):
@@ -158,13 +162,14 @@ def type_value(value, source: str, ptype: str | None):
     return value
 
 
-def typed_arguments(args: dict, api: dict | None, result: SourceResult, count: bool) -> dict:
+def typed_arguments(args: dict, api: dict | None, notes: Counter | None = None) -> dict:
+    """Parsed call arguments typed by `api`'s declared parameter types; conversions are counted in `notes`."""
     types = {p: str(s.get("type")) for p, s in ((api or {}).get("input_parameters") or {}).items()}
     out = {}
     for key, (value, source) in args.items():
         typed = type_value(value, source, types.get(key))
-        if count and typed is not value:
-            result.notes[f"gold_typed_{types[key]}"] += 1
+        if notes is not None and typed is not value:
+            notes[f"gold_typed_{types[key]}"] += 1
         out[key] = typed
     return out
 
@@ -192,9 +197,9 @@ def _split_request_line(line: str):
     raise CallSyntaxError("no `[Name(...)]->result` call found")
 
 
-def convert_record(rec: dict, file: Path, index: int, subset: str, result: SourceResult,
+def convert_record(rec: dict, file: Path, index: int, subset: str, result: SourceResult, notes: Counter,
                    offer_retrieved: bool = True) -> dict | None:
-    """One source record -> request, or None after recording a reject."""
+    """One source record -> request, or None after recording a reject in `result`; counters go to `notes`."""
     where = f"{file} (record {index})"
     instruction, dialogue, expected = rec.get("instruction"), rec.get("input"), rec.get("expected_output")
     if not all(isinstance(x, str) for x in (instruction, dialogue, expected)):
@@ -222,7 +227,7 @@ def convert_record(rec: dict, file: Path, index: int, subset: str, result: Sourc
     if year:
         messages.append({"role": "system", "content": year.group(0)})
     else:
-        result.notes["no_current_year"] += 1
+        notes["no_current_year"] += 1
     lines = dialogue.rstrip("\n").split("\n")
     if lines and lines[-1].strip() == _MARKER:
         lines.pop()
@@ -243,12 +248,12 @@ def convert_record(rec: dict, file: Path, index: int, subset: str, result: Sourc
             if name == "ToolSearcher" and offer_retrieved:
                 found = _retrieved_apis(output)
                 if found is None:
-                    result.notes["toolsearcher_result_unparsed"] += 1
+                    notes["toolsearcher_result_unparsed"] += 1
                 for api in found or []:
                     if api["name"] not in apis:
                         apis[api["name"]] = api
                         tools.append(api_to_tool(api, f"{where} line {n}"))
-                        result.notes["tools_from_toolsearcher_results"] += 1
+                        notes["tools_from_toolsearcher_results"] += 1
         elif sep and speaker in _SPEAKERS:
             messages.append({"role": _SPEAKERS[speaker], "content": text})
         else:
@@ -257,9 +262,9 @@ def convert_record(rec: dict, file: Path, index: int, subset: str, result: Sourc
             return None
     for msg, args in calls:
         fn = msg["tool_calls"][0]["function"]
-        fn["arguments"] = typed_arguments(args, apis.get(fn["name"]), result, count=False)
+        fn["arguments"] = typed_arguments(args, apis.get(fn["name"]))
         if fn["name"] not in apis:
-            result.notes["dialogue_call_tool_not_offered"] += 1
+            notes["dialogue_call_tool_not_offered"] += 1
 
     try:
         name, args, unwrapped = parse_api_request(expected)
@@ -267,20 +272,21 @@ def convert_record(rec: dict, file: Path, index: int, subset: str, result: Sourc
         result.reject(file, index, "gold_unparsed", f"{e}: {expected[:160]}")
         return None
     if unwrapped:
-        result.notes["quoted_literal_unwrapped"] += 1
+        notes["quoted_literal_unwrapped"] += 1
     if name not in apis:
-        result.notes["gold_tool_not_offered"] += 1
+        notes["gold_tool_not_offered"] += 1
     if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
-        result.notes["dialogue_ends_with_assistant_text"] += 1
+        notes["dialogue_ends_with_assistant_text"] += 1
     return {"id": f"{BENCHMARK}/{subset}/{index}", "benchmark": BENCHMARK, "subset": subset,
             "messages": messages, "tools": tools,
-            "gold": [{"name": name, "arguments": typed_arguments(args, apis.get(name), result, count=True)}]}
+            "gold": [{"name": name, "arguments": typed_arguments(args, apis.get(name), notes)}]}
 
 
 def load(root: Path, offer_retrieved: bool = True) -> SourceResult:
-    """Convert both subsets under `root` (the API-Bank raw folder)."""
+    """Convert both subsets under `root` (the API-Bank raw folder); notes are keyed `<subset>/<counter>`."""
     result = SourceResult()
     for subset, rel in SUBSETS.items():
+        notes = Counter()
         file = Path(root) / rel
         records = read_json(file)
         if not isinstance(records, list):
@@ -289,8 +295,9 @@ def load(root: Path, offer_retrieved: bool = True) -> SourceResult:
             if not isinstance(rec, dict):
                 result.reject(file, index, "not_an_object", f"got {type(rec).__name__}")
                 continue
-            request = convert_record(rec, file, index, subset, result, offer_retrieved)
+            request = convert_record(rec, file, index, subset, result, notes, offer_retrieved)
             if request is not None:
                 result.requests.append(request)
-                result.notes[f"requests_{subset}"] += 1
+                notes["requests"] += 1
+        result.notes.update({f"{subset}/{key}": n for key, n in notes.items()})
     return result

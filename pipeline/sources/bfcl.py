@@ -12,6 +12,7 @@ language's names (String, long, HashMap, Array, Boolean, ...). Every name maps t
 possible answers hold for it (booleans, numbers, lists, objects), not to BFCL's prompt-time "everything is a string"
 rendering. `any` (and an empty type) -> no type constraint. Nested `properties` / `items`, `enum`, `default`,
 `required`, `format` and bounds are kept; BFCL's `optional` markers are dropped (counted), descriptions untouched.
+An `enum` of scalars on an array (BFCL's way to list the allowed items) moves to `items` (`array_enum_moved_to_items`).
 A type outside TYPE_MAP raises InputError naming file, record and type. Tool names are kept as given even where they
 fall outside OpenAI's [a-zA-Z0-9_-] (counted: `tool_name_outside_openai_charset`).
 
@@ -115,6 +116,11 @@ def convert_schema(node: Any, file: Path, record: str, path: str, notes) -> dict
         out["properties"] = {k: convert_schema(v, file, record, f"{path}.{k}", notes) for k, v in props.items()}
     if "items" in node:
         out["items"] = convert_schema(node["items"], file, record, f"{path}[]", notes)
+    if (json_type == "array" and isinstance(out.get("enum"), list) and isinstance(out.get("items"), dict)
+            and "enum" not in out["items"] and not any(isinstance(v, (list, dict)) for v in out["enum"])):
+        # BFCL writes the allowed ITEM values on the array itself; as JSON Schema no array could ever match
+        out["items"]["enum"] = out.pop("enum")
+        notes["array_enum_moved_to_items"] += 1
     if "required" in node:
         required = node["required"]
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
