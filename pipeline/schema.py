@@ -9,10 +9,22 @@ import jsonschema
 from jsonschema import Draft202012Validator
 
 
+_META = Draft202012Validator(Draft202012Validator.META_SCHEMA)
+
+
 def schema_errors(schema: dict) -> list[str]:
     """Problems of `schema` as a JSON Schema 2020-12 document (empty list = valid)."""
-    return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
-            for e in Draft202012Validator(Draft202012Validator.META_SCHEMA).iter_errors(schema)]
+    import json
+
+    return list(_schema_errors(json.dumps(schema, sort_keys=True)))
+
+
+@lru_cache(maxsize=65536)
+def _schema_errors(schema_json: str) -> tuple[str, ...]:
+    import json
+
+    return tuple(f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+                 for e in _META.iter_errors(json.loads(schema_json)))
 
 
 def check_schema(schema: dict) -> None:

@@ -1,0 +1,246 @@
+"""Drafters: small classes with one method, `propose(ctx) -> list[list[int]]`, candidate continuations, best first.
+
+- `PromptLookup`: n-gram match of the context's suffix over prompt + output (the PLD baseline).
+- `SchemaDrafter` (ToolSpec): the call's scaffolding from the request's tool schemas in the target's call formats:
+  the opening, tool names, name / arguments / parameter keys in schema order, quotes, separators, enum members,
+  true/false; never a free value.
+- `HistoryDrafter`: suffix match over earlier committed outputs of the same run (ToolSpec's retrieval).
+- `HintDrafter`: the sidecar's call, aligned with the output structurally (see continuation.py) and as whole-text
+  renderings; polls the sidecar without blocking until the payload is ready.
+Every drafter only proposes; the target verifies, so no drafter can change the output.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import islice
+
+from pipeline.schema import tool_name, tool_params
+
+from .continuation import Arr, Choice, Obj, Open, Writer, continue_at
+from .hint import CallFormat, call_formats, openings, payload_bytes, payload_call, render, seam_tokens, suffix_for
+from .jsonstate import JsonPos, scan
+
+log = logging.getLogger("pipeline.runtime")
+
+
+@dataclass
+class Context:
+    """What the drafters see in one round: prompt, committed output (ids and text), the JSON position."""
+
+    tokenizer: object
+    prompt: list[int]
+    output: list[int]
+    eos: int | None
+    max_depth: int
+    text: str = ""
+
+    @cached_property
+    def pos(self) -> JsonPos:
+        return scan(self.text)
+
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    def encode(self, text: str, complete: bool) -> list[int]:
+        """Continuation text -> target tokens (+ end of turn when the text finishes the call)."""
+        ids = seam_tokens(self.tokenizer, self.tokens(), text[: 8 * self.max_depth])
+        if complete and self.eos is not None and len(ids) < self.max_depth:
+            ids.append(self.eos)
+        return ids[: self.max_depth]
+
+
+class NgramIndex:
+    """End positions of every n-gram (n_min..n_max) of a growing token sequence."""
+
+    def __init__(self, n_max: int = 3, n_min: int = 1):
+        self.n_max, self.n_min = n_max, n_min
+        self.seq: list[int] = []
+        self.table: dict[tuple, list[int]] = {}
+
+    def extend(self, tokens: list[int]) -> None:
+        for tok in tokens:
+            self.seq.append(tok)
+            end = len(self.seq)
+            for n in range(self.n_min, min(self.n_max, end) + 1):
+                self.table.setdefault(tuple(self.seq[end - n:end]), []).append(end)
+
+    def lookup(self, context: list[int], k: int, max_cands: int) -> list[list[int]]:
+        """Continuations of the longest n-gram suffix of `context` (most recent occurrence first)."""
+        out: list[list[int]] = []
+        for n in range(self.n_max, self.n_min - 1, -1):
+            if len(context) < n:
+                continue
+            for end in reversed(self.table.get(tuple(context[-n:]), ())):
+                cont = [t for t in self.seq[end:end + k] if t >= 0]
+                if cont and cont not in out:
+                    out.append(cont)
+                    if len(out) >= max_cands:
+                        return out
+            if out:
+                return out
+        return out
+
+
+class PromptLookup:
+    def __init__(self, prompt: list[int], k: int = 10, max_cands: int = 1, n_max: int = 3, n_min: int = 1):
+        self.index = NgramIndex(n_max, n_min)
+        self.index.extend(prompt)
+        self.seen, self.k, self.max_cands = 0, k, max_cands
+
+    def propose(self, ctx: Context) -> list[list[int]]:
+        self.index.extend(ctx.output[self.seen:])
+        self.seen = len(ctx.output)
+        return self.index.lookup(self.index.seq, self.k, self.max_cands)
+
+
+class History:
+    """Earlier committed outputs of a run (each led by the end of its prompt), as one n-gram index."""
+
+    LEAD = 3
+
+    def __init__(self):
+        self.index = NgramIndex(n_max=6, n_min=2)
+
+    def add(self, prompt: list[int], output: list[int]) -> None:
+        self.index.extend(prompt[-self.LEAD:] + output + [-1])  # -1 keeps matches inside one output
+
+
+class HistoryDrafter:
+    def __init__(self, history: History, k: int = 24, max_cands: int = 1):
+        self.history, self.k, self.max_cands = history, k, max_cands
+
+    def propose(self, ctx: Context) -> list[list[int]]:
+        return self.history.index.lookup(ctx.tokens()[-8:], self.k, self.max_cands)
+
+
+def skeleton(schema: dict):
+    """What the schema says about a value before the target writes it (see continuation.py)."""
+    if not isinstance(schema, dict):
+        return Open("")
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0] if len(schema["enum"]) == 1 else Choice(list(schema["enum"]))
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), None)
+    if kind == "boolean":
+        return Choice([True, False])
+    if kind == "string":
+        return Open('"')
+    if kind == "object" and isinstance(schema.get("properties"), dict) and schema["properties"]:
+        return Obj({k: skeleton(v) for k, v in schema["properties"].items()}, set(schema.get("required") or []))
+    if kind == "array":
+        return Arr(skeleton(schema["items"])) if isinstance(schema.get("items"), dict) else Open("[")
+    return Open("")
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", re.sub(r"([a-z])([A-Z])", r"\1 \2", text).lower()))
+
+
+class SchemaDrafter:
+    """ToolSpec's state machine: scaffolding of a call to one of the request's tools, in the target's formats."""
+
+    def __init__(self, request: dict, formats: list[CallFormat], max_cands: int = 6):
+        self.formats, self.max_cands = formats, max_cands
+        user = " ".join(str(m.get("content") or "") for m in request.get("messages", []) if m.get("role") == "user")
+        words = _words(user)
+        tools = sorted(request.get("tools") or [], key=lambda t: -len(_words(tool_name(t)) & words))
+        self.calls = {tool_name(t): {"name": tool_name(t), "arguments": skeleton(tool_params(t))} for t in tools}
+
+    def skeletons(self, pos: JsonPos) -> list:
+        root = pos.stack[0] if pos.stack else None
+        name = root.values.get("name") if root is not None and root.kind == "{" else None
+        if isinstance(name, str):
+            return [self.calls[name]] if name in self.calls else []
+        return list(self.calls.values())
+
+    def propose(self, ctx: Context) -> list[list[int]]:
+        return propose_structural(ctx, self.skeletons(ctx.pos), self.formats, self.max_cands)
+
+
+class HintDrafter:
+    """The sidecar's call, once its payload is ready (polled without blocking at the top of every round)."""
+
+    def __init__(self, request: dict, formats: list[CallFormat], pending, started: float, validate: bool = True):
+        self.request, self.formats, self.pending, self.started = request, formats, pending, started
+        self.validate = validate
+        self.call: dict | None = None
+        self.ready_s: float | None = None
+        self.bytes: int | None = None
+        self.error: str | None = None
+
+    def poll(self) -> None:
+        if self.pending is None or self.call is not None or self.error is not None:
+            return
+        payload = self.pending.poll()
+        if payload is None:
+            if getattr(self.pending, "error", None):
+                self.error = self.pending.error
+                log.warning("sidecar hint ignored for %s: %s", self.request.get("id"), self.error)
+            return
+        self.ready_s = time.perf_counter() - self.started
+        self.bytes = payload_bytes(payload)
+        self.call, why = payload_call(payload, self.request.get("tools") or [], self.validate)
+        if self.call is None:
+            self.error = why
+            log.warning("sidecar payload ignored for %s: %s", self.request.get("id"), why)
+
+    def propose(self, ctx: Context) -> list[list[int]]:
+        self.poll()
+        if self.call is None:
+            return []
+        pos = ctx.pos
+        root = pos.stack[0] if pos.stack else None
+        name = root.values.get("name") if root is not None and root.kind == "{" else None
+        if name is not None and name != self.call["name"]:
+            return []  # the target chose another tool: the hint's arguments are not for it
+        cands = propose_structural(ctx, [self.call], self.formats, 4)
+        for f in self.formats:  # whole-text renderings, where the output so far is a prefix of one
+            text = render(self.call, f)
+            if len(text) > len(ctx.text) and text.startswith(ctx.text):
+                ids = ctx.encode(text[len(ctx.text):], True)
+                if ids not in cands:
+                    cands.append(ids)
+        return cands
+
+
+def propose_structural(ctx: Context, skeletons: list, formats: list[CallFormat], max_cands: int) -> list[list[int]]:
+    """Continuations of the output towards each skeleton, from its JSON position, as token candidates."""
+    pos, texts = ctx.pos, []
+    if pos.state == "start":
+        for fmt, rest in openings(ctx.text, formats):
+            for sk in skeletons:
+                texts += [(rest + t + (fmt.suffix if done else ""), done)
+                          for t, done in continue_from_start(sk, fmt)]
+    elif pos.state == "done":
+        suffix = suffix_for(pos.prefix, formats)
+        if suffix.startswith(pos.suffix):
+            texts.append((suffix[len(pos.suffix):], True))
+    else:
+        suffix = suffix_for(pos.prefix, formats)
+        for style in pos.style.variants():
+            for sk in skeletons:
+                texts += [(t + (suffix if done else ""), done) for t, done in continue_at(pos, sk, style)]
+    out: list[list[int]] = []
+    for text, done in dict.fromkeys(texts):
+        ids = ctx.encode(text, done) if text else ([ctx.eos] if done and ctx.eos is not None else [])
+        if ids and ids not in out:
+            out.append(ids)
+            if len(out) >= max_cands:
+                break
+    return out
+
+
+def continue_from_start(sk, fmt: CallFormat, limit: int = 8) -> list[tuple[str, bool]]:
+    return list(islice(Writer(fmt.style).value(sk, 0), limit))
+
+
+__all__ = ["Context", "NgramIndex", "PromptLookup", "History", "HistoryDrafter", "SchemaDrafter", "HintDrafter",
+           "skeleton", "propose_structural", "call_formats"]

@@ -1,0 +1,239 @@
+"""Where is the output inside its JSON tool call? A tolerant scanner over partial JSON text, and the style seen.
+
+The drafters align hints and schema scaffolding *structurally* (DESIGN.md, "The speculative runtime"): a target
+does not write what its template says (Qwen2.5-Coder writes a ```json fence around 2-space-indented JSON), so
+text-level matching fails at the first whitespace. `scan(text)` reads the output so far and returns a `JsonPos`:
+the container stack (which keys are written, which key's value is being written), the lexical state, the partial
+token, the whitespace written since the last significant character, the text before the JSON (the call opening),
+and the `Style` the output has shown (indent, separator after `:` and after `,`, inline or broken arrays).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+# States of the scanner:
+#   start     no JSON value has begun (the call opening / prose)
+#   key       inside an object, expecting a key or `}`          (after `{` or `,`)
+#   in_key    inside a key string                               (partial = raw text from its quote)
+#   colon     a key is complete, expecting `:`
+#   value     expecting a value                                 (after `:`, or after `[` / `,` in an array)
+#   in_value  inside a scalar: string, number or literal        (partial = raw text so far)
+#   after     a value is complete, expecting `,` or a close
+#   done      the top-level value is closed
+#   invalid   the text stopped being JSON
+SCALAR_START = set("-0123456789tfn")
+SCALAR_CHARS = set("0123456789+-.eEtruefalsn")
+WS = " \t\r\n"
+
+
+@dataclass
+class Style:
+    """How the output writes JSON. None = not seen yet (the drafters try the usual choices)."""
+
+    indent: int | None = None        # spaces per level when objects break lines; 0 = objects on one line
+    colon: str | None = None         # text after `:` (" " or "")
+    comma: str | None = None         # text after `,` on one line (" " or "")
+    array_inline: bool | None = None  # arrays on one line even when objects break lines
+
+    def complete(self) -> bool:
+        return None not in (self.indent, self.colon, self.comma, self.array_inline)
+
+    def variants(self) -> list[Style]:
+        """Fully specified styles consistent with what was seen: the indented one first, then one-line."""
+        out = []
+        for indent in ([self.indent] if self.indent is not None else [2, 0]):
+            s = Style(indent, " " if self.colon is None else self.colon,
+                      " " if self.comma is None else self.comma,
+                      (indent == 0) if self.array_inline is None else self.array_inline)
+            if s not in out:
+                out.append(s)
+        return out
+
+
+@dataclass
+class Frame:
+    kind: str                                           # "{" or "["
+    keys: list[str] = field(default_factory=list)       # object: keys begun, in order (the last is current)
+    count: int = 0                                      # array: elements begun
+    values: dict = field(default_factory=dict)          # completed scalar values by key / index
+
+    def member(self):
+        """The key (object) or index (array) of the member being written or just written."""
+        if self.kind == "{":
+            return self.keys[-1] if self.keys else None
+        return self.count - 1 if self.count else None
+
+
+@dataclass
+class JsonPos:
+    state: str = "start"
+    stack: list[Frame] = field(default_factory=list)
+    partial: str = ""              # raw text of the unfinished key / scalar
+    ws: str = ""                   # whitespace written since the last significant character
+    last: str = ""                 # the last significant character
+    prefix: str = ""               # text before the current JSON value (the call opening)
+    suffix: str = ""               # text after the last closed JSON value
+    style: Style = field(default_factory=Style)
+    calls: int = 0                 # top-level values closed so far
+
+    def path(self) -> list:
+        return [f.member() for f in self.stack]
+
+
+def _json_start(text: str, i: int) -> bool:
+    """A `{` anywhere, or a `[` at the start of a line, opens the JSON (prose rarely has either)."""
+    if text[i] == "{":
+        return True
+    j = i - 1
+    while j >= 0 and text[j] in " \t":
+        j -= 1
+    return j < 0 or text[j] == "\n" or text[j] == ">"
+
+
+def scan(text: str) -> JsonPos:
+    """Scan `text` (the output so far) and return the position of its end inside the last JSON value."""
+    pos = JsonPos()
+    start = 0
+    esc = False
+    n = len(text)
+    i = 0
+    while i < n:
+        c = text[i]
+        st = pos.state
+        if st in ("start", "done"):
+            if c in "{[" and _json_start(text, i):
+                style = pos.style
+                pos = JsonPos(prefix=text[start:i], style=style, calls=pos.calls)
+                _open(pos, c)
+            elif st == "done":
+                pos.suffix += c
+            i += 1
+            continue
+        if st == "invalid":
+            break
+        if st in ("in_key", "in_value") and pos.partial[:1] == '"':
+            pos.partial += c
+            if esc:
+                esc = False
+            elif c == "\\":
+                esc = True
+            elif c == '"':
+                _close_token(pos)
+            i += 1
+            continue
+        if st == "in_value":  # number or literal
+            if c in SCALAR_CHARS:
+                pos.partial += c
+                i += 1
+                continue
+            _close_token(pos)
+            if pos.state == "invalid":
+                break
+            continue  # re-read c in state "after"
+        if c in WS:
+            pos.ws += c
+            i += 1
+            continue
+        _significant(pos, c)
+        if pos.state == "done":
+            start = i + 1
+        i += 1
+    return pos
+
+
+def _open(pos: JsonPos, c: str) -> None:
+    pos.stack.append(Frame(c))
+    pos.state = "key" if c == "{" else "value"
+    pos.last, pos.ws = c, ""
+
+
+def _learn_ws(pos: JsonPos, c: str) -> None:
+    """Learn the style from the whitespace between the last significant character and `c`."""
+    ws, st, depth = pos.ws, pos.style, len(pos.stack)
+    if pos.last in "{[" and c not in "}]":
+        if "\n" in ws:
+            unit = len(ws.rsplit("\n", 1)[1])
+            if pos.last == "{" and st.indent is None and depth:
+                st.indent = unit // depth
+            if pos.last == "[":
+                st.array_inline = False
+        else:
+            if pos.last == "{" and st.indent is None:
+                st.indent = 0
+            if pos.last == "[" and st.array_inline is None:
+                st.array_inline = True
+    elif pos.last == ":" and st.colon is None and "\n" not in ws:
+        st.colon = ws
+    elif pos.last == "," and "\n" not in ws and st.comma is None:
+        st.comma = ws
+
+
+def _significant(pos: JsonPos, c: str) -> None:
+    st = pos.state
+    _learn_ws(pos, c)
+    top = pos.stack[-1]
+    if st == "key":
+        if c == '"':
+            pos.state, pos.partial = "in_key", c
+        elif c == "}" and pos.last == "{":
+            _close_container(pos, c)
+            return
+        else:
+            pos.state = "invalid"
+    elif st == "colon":
+        pos.state = "value" if c == ":" else "invalid"
+    elif st == "value":
+        if top.kind == "[" and pos.last in "[,":
+            if c == "]" and pos.last == "[":
+                _close_container(pos, c)
+                return
+            top.count += 1
+        if c in "{[":
+            _open(pos, c)
+            return
+        if c == '"' or c in SCALAR_START:
+            pos.state, pos.partial = "in_value", c
+        else:
+            pos.state = "invalid"
+    elif st == "after":
+        if c == ",":
+            pos.state = "key" if top.kind == "{" else "value"
+        elif c == "}]"[top.kind == "["]:
+            _close_container(pos, c)
+            return
+        else:
+            pos.state = "invalid"
+    pos.last, pos.ws = c, ""
+
+
+def _close_token(pos: JsonPos) -> None:
+    raw, pos.partial = pos.partial, ""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        pos.state = "invalid"
+        return
+    top = pos.stack[-1]
+    if pos.state == "in_key":
+        if not isinstance(value, str):
+            pos.state = "invalid"
+            return
+        top.keys.append(value)
+        pos.state = "colon"
+    else:
+        top.values[top.member()] = value
+        pos.state = "after"
+    pos.last, pos.ws = raw[-1], ""
+
+
+def _close_container(pos: JsonPos, c: str) -> None:
+    pos.stack.pop()
+    pos.last, pos.ws = c, ""
+    if pos.stack:
+        pos.state = "after"
+    else:
+        pos.state = "done"
+        pos.calls += 1
+        pos.suffix = ""

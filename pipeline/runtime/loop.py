@@ -1,0 +1,157 @@
+"""The greedy speculative decode loop shared by every method, and its entry point `generate`.
+
+Each round: (1) poll the sidecar without blocking, (2) collect candidates from the method's drafters (best
+first), (3) merge them into a token tree and verify it in one target forward, (4) accept the longest path that
+equals the target's argmax plus the target's own next token, and keep only that path in the cache.
+Methods: ar (no drafters), pld (prompt lookup, one chain), toolspec (schema + history + lookup),
+ooo (sidecar hint + toolspec), ooo-oracle (the call parsed from the target's own `ar` output as an instantly
+ready hint: the ceiling of any sidecar). Every method's tokens equal `ar`'s (tests/runtime prove it in float64).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from .drafters import Context, HintDrafter, History, HistoryDrafter, PromptLookup, SchemaDrafter
+from .hint import call_formats
+from .parse import parse_calls, payload_from_call
+from .sidecar_client import Ready
+from .target import Target
+from .verify import accept, best_chain, build_tree, truncate_at_stop
+
+METHODS = ("ar", "pld", "toolspec", "ooo", "ooo-oracle")
+HINT, SCHEMA, HISTORY, LOOKUP = 1, 2, 4, 8
+
+
+@dataclass
+class Stats:
+    method: str
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    forwards: int = 0                 # target forwards after prefill (one per round)
+    accepted: list[int] = field(default_factory=list)  # tokens committed per round (draft accepted + 1)
+    tree_nodes: int = 0               # tokens fed to the target over all rounds
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    verify_s: float = 0.0             # time inside target forwards during decode
+    draft_s: float = 0.0              # time spent proposing and building trees
+    wall_s: float = 0.0               # request arrival -> last token
+    stop: str = ""                    # "eos" or "length"
+    hint_ready_s: float | None = None  # request arrival -> payload seen by the loop
+    hint_tokens: int = 0              # accepted draft tokens that a hint candidate proposed
+    payload_bytes: int | None = None
+    hint_error: str | None = None
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.new_tokens / max(self.forwards, 1)
+
+    @property
+    def overhead_s(self) -> float:
+        """Loop time that is not a target forward: drafting + bookkeeping."""
+        return self.decode_s - self.verify_s
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"mean_accepted": self.mean_accepted, "overhead_s": self.overhead_s}
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    stats: Stats
+
+
+def oracle_payload(target: Target, request: dict, oracle=None, max_new_tokens: int = 256):
+    """The payload of the call the target itself writes (from `oracle`: an ar Result or text; else runs ar)."""
+    if oracle is None:
+        oracle = generate(target, request, "ar", max_new_tokens=max_new_tokens)
+    text = oracle.text if isinstance(oracle, Result) else str(oracle)
+    calls = parse_calls(text)
+    return payload_from_call(calls[0], request.get("tools") or []) if calls else None
+
+
+def _drafters(target: Target, request: dict, method: str, prompt: list[int], pending, started: float,
+              history: History, validate: bool) -> list[tuple[object, int]]:
+    if method == "ar":
+        return []
+    if method == "pld":
+        return [(PromptLookup(prompt, k=10, max_cands=1), LOOKUP)]
+    formats = call_formats(target.tokenizer)
+    out = [(SchemaDrafter(request, formats), SCHEMA), (HistoryDrafter(history), HISTORY),
+           (PromptLookup(prompt, k=10, max_cands=2), LOOKUP)]
+    if method in ("ooo", "ooo-oracle"):
+        out.insert(0, (HintDrafter(request, formats, pending, started, validate), HINT))
+    return out
+
+
+def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *, max_new_tokens: int = 256,
+             max_nodes: int = 32, max_depth: int = 24, history: History | None = None, oracle=None,
+             validate_hint: bool = True) -> Result:
+    """Decode `request` greedily with `method`; the tokens equal `ar`'s for every method and any sidecar.
+
+    sidecar: for "ooo", a `Sidecar` (started here, when the request arrives) or an already started hint
+      (`Pending` / `Ready`, anything with a non-blocking `poll()`); None = no hint (ooo degrades to toolspec).
+    oracle: for "ooo-oracle", the `ar` Result (or its text) whose call becomes the hint; None runs `ar` first.
+    history: earlier outputs for the history drafter; default: the target's per-method history of this run.
+    max_nodes / max_depth: the token tree's size and depth per round (root included in max_nodes).
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    pending = None
+    if method == "ooo-oracle":
+        pending = Ready(oracle_payload(target, request, oracle, max_new_tokens))
+    started = time.perf_counter()  # the request arrives
+    if method == "ooo" and sidecar is not None:
+        pending = sidecar.start(request) if hasattr(sidecar, "start") else sidecar
+    history = history if history is not None else target.histories.setdefault(method, History())
+    stats = Stats(method)
+    prompt = target.prompt_ids(request)
+    stats.prompt_tokens = len(prompt)
+    drafters = _drafters(target, request, method, prompt, pending, started, history, validate_hint)
+    hint = drafters[0][0] if drafters and isinstance(drafters[0][0], HintDrafter) else None
+    eos = target.tokenizer.eos_token_id if target.tokenizer.eos_token_id in target.stop_ids else None
+    make_tree = build_tree if target.tree else best_chain
+
+    stats.prefill_s = target.prefill(prompt[:-1])
+    t_decode = time.perf_counter()
+    output: list[int] = []
+    root = prompt[-1]
+    while True:
+        # propose: every drafter's candidates, best first, merged into one tree
+        t0 = time.perf_counter()
+        cands: list[tuple[list[int], int]] = []
+        if drafters:
+            ctx = Context(target.tokenizer, prompt, output, eos, max_depth, target.decode(output))
+            for drafter, bit in drafters:
+                cands += [(c, bit) for c in drafter.propose(ctx) if c]
+        tree = make_tree(root, cands, max_nodes, max_depth)
+        t1 = time.perf_counter()
+        # verify: one forward; argmax[i] = the target's next token after node i
+        argmax = target.verify(tree)
+        t2 = time.perf_counter()
+        # accept: the longest path the target agrees with + its own next token; stop at EOS / max_new_tokens
+        path, bonus = accept(tree, argmax)
+        new, stopped = truncate_at_stop([tree.tokens[i] for i in path] + [bonus], target.stop_ids,
+                                        max_new_tokens - len(output))
+        stats.hint_tokens += sum(1 for i in path[:len(new)] if tree.sources[i] & HINT)
+        stats.draft_s += t1 - t0
+        stats.verify_s += t2 - t1
+        stats.forwards += 1
+        stats.tree_nodes += len(tree)
+        stats.accepted.append(len(new))
+        output += new
+        if stopped:
+            stats.stop = "eos" if new and new[-1] in target.stop_ids else "length"
+            break
+        target.keep(len(tree), path)  # drop the rejected branches from the cache
+        root = new[-1]
+    end = time.perf_counter()
+    stats.decode_s, stats.wall_s = end - t_decode, end - started
+    stats.new_tokens = len(output)
+    if hint is not None:  # a hint that arrives after the last round is "not ready" (hint_ready_s None)
+        stats.hint_ready_s, stats.payload_bytes, stats.hint_error = hint.ready_s, hint.bytes, hint.error
+    history.add(prompt, output)
+    body = output[:-1] if output and output[-1] in target.stop_ids else output
+    return Result(target.decode(body), output, stats)

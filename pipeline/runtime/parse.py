@@ -1,0 +1,61 @@
+"""Tool calls out of a target's text: ```json fences, <tool_call> tags, or bare JSON, as [{"name", "arguments"}].
+
+Used by `ooo-oracle` (the call the target itself wrote, given back as an instantly ready hint) and by the benchmark.
+Robust by design: every `{` / `[` is tried as the start of a JSON value; values that look like calls (a "name" and
+an "arguments" / "parameters" object, possibly JSON-encoded as a string, or OpenAI's {"function": {...}}) are kept.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .continuation import ARG_ALIASES
+
+
+def _as_call(obj) -> dict | None:
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict):
+        obj = obj["function"]
+    name = obj.get("name")
+    if not isinstance(name, str):
+        return None
+    args = next((obj[a] for a in ARG_ALIASES if a in obj), {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return {"name": name, "arguments": args}
+
+
+def parse_calls(text: str) -> list[dict]:
+    """Every tool call found in `text`, in order (nested values are not searched again)."""
+    dec = json.JSONDecoder()
+    calls, i = [], 0
+    while i < len(text):
+        if text[i] not in "{[":
+            i += 1
+            continue
+        try:
+            obj, end = dec.raw_decode(text, i)
+        except ValueError:
+            i += 1
+            continue
+        found = [c for c in map(_as_call, obj if isinstance(obj, list) else [obj]) if c]
+        if found:
+            calls.extend(found)
+            i = end
+        else:
+            i += 1
+    return calls
+
+
+def payload_from_call(call: dict, tools: list[dict]) -> dict | None:
+    """The sidecar payload {"tool_index", "arguments"} for `call` (None when its tool is not in `tools`)."""
+    from pipeline.schema import find_tool
+
+    index = find_tool(tools, call["name"])
+    return None if index is None else {"tool_index": index, "arguments": call["arguments"]}

@@ -1,0 +1,173 @@
+"""The sidecar wave in its own process, polled without blocking; stalls, crashes and garbage cost nothing but speed.
+
+The wave contract: a callable `wave(request: dict) -> dict` returning the payload
+`{"tool_index": <0-based index into request["tools"]>, "arguments": {...}}` (an optional "name" wins over the index).
+It runs in a worker process so the target keeps decoding while the wave runs (the overlap is real):
+- `Sidecar(wave)` with the default "fork" start method accepts any callable (closures too);
+- `Sidecar(factory="pkg.module:make_wave", factory_kwargs={...}, start_method="spawn")` builds the wave inside
+  the worker once (e.g. loads a model), so every request reuses it.
+`sidecar.start(request)` sends the request and returns a `Pending` at once; `pending.poll()` returns the payload
+once ready, else None. Timeouts, a worker that dies, exceptions and payloads that are not JSON set
+`pending.error` (logged by the caller) and the loop simply goes on without a hint.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import logging
+import multiprocessing as mp
+import queue
+import time
+
+log = logging.getLogger("pipeline.runtime")
+
+
+def load_factory(spec: str):
+    """'package.module:function' -> the function."""
+    module, _, name = spec.partition(":")
+    if not name:
+        raise ValueError(f"sidecar factory {spec!r}: expected 'package.module:function'")
+    return getattr(importlib.import_module(module), name)
+
+
+def _worker(wave, factory, factory_kwargs, inbox, outbox) -> None:
+    if factory is not None:
+        try:
+            wave = load_factory(factory)(**(factory_kwargs or {}))
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which ignores the sidecar
+            outbox.put((None, "error", f"sidecar factory failed: {e!r}"))
+            return
+    while True:
+        item = inbox.get()
+        if item is None:
+            return
+        rid, request = item
+        try:
+            outbox.put((rid, "ok", json.dumps(wave(request))))
+        except Exception as e:  # noqa: BLE001 - a failing wave is a missing hint, never a failed request
+            outbox.put((rid, "error", repr(e)))
+
+
+class Pending:
+    """One request's wave in flight."""
+
+    def __init__(self, sidecar: Sidecar, rid: int, timeout_s: float):
+        self.sidecar, self.rid, self.timeout_s = sidecar, rid, timeout_s
+        self.started = time.perf_counter()
+        self.payload = None
+        self.error: str | None = None
+        self.done_s: float | None = None
+
+    def poll(self):
+        """The payload if it has arrived, else None. Never blocks."""
+        if self.payload is not None or self.error is not None:
+            return self.payload
+        self.sidecar._drain()
+        msg = self.sidecar._results.pop(self.rid, None)
+        if msg is not None:
+            status, body = msg
+            self.done_s = time.perf_counter() - self.started
+            if status != "ok":
+                self.error = f"sidecar wave failed: {body}"
+                return None
+            try:
+                self.payload = json.loads(body)
+            except ValueError:
+                self.error = "sidecar returned text that is not JSON"
+            if self.payload is None and self.error is None:
+                self.error = "sidecar returned null"
+            return self.payload
+        if not self.sidecar.alive():
+            self.error = f"sidecar process died (exit code {self.sidecar.exitcode()})"
+        elif time.perf_counter() - self.started > self.timeout_s:
+            self.error = f"sidecar timed out after {self.timeout_s:.1f} s"
+            self.sidecar.stop()  # a stuck wave must not block the next request
+        return None
+
+
+class Ready:
+    """A hint that is there from the start (ooo-oracle, gold hints): same interface as `Pending`."""
+
+    error = None
+
+    def __init__(self, payload):
+        self.payload = payload
+
+    def poll(self):
+        return self.payload
+
+
+class Sidecar:
+    def __init__(self, wave=None, *, factory: str | None = None, factory_kwargs: dict | None = None,
+                 start_method: str | None = None, timeout_s: float = 30.0):
+        if (wave is None) == (factory is None):
+            raise ValueError("Sidecar needs exactly one of wave= (a callable) or factory= ('module:function')")
+        self.wave, self.factory, self.factory_kwargs = wave, factory, factory_kwargs
+        methods = mp.get_all_start_methods()
+        self.ctx = mp.get_context(start_method or ("fork" if "fork" in methods else "spawn"))
+        self.timeout_s = timeout_s
+        self._ids = itertools.count()
+        self._proc = None
+        self._results: dict[int, tuple[str, str]] = {}
+
+    def _ensure(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            return
+        self.stop()
+        self._inbox, self._outbox = self.ctx.Queue(), self.ctx.Queue()
+        self._proc = self.ctx.Process(target=_worker, daemon=True,
+                                      args=(self.wave, self.factory, self.factory_kwargs, self._inbox, self._outbox))
+        self._proc.start()
+
+    def start(self, request: dict) -> Pending:
+        """Send `request` to the wave (starting the worker if needed); returns at once."""
+        self._ensure()
+        rid = next(self._ids)
+        self._inbox.put((rid, request))
+        return Pending(self, rid, self.timeout_s)
+
+    def _drain(self) -> None:
+        while self._proc is not None:
+            try:
+                rid, status, body = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            except (EOFError, OSError):
+                return
+            if rid is None:
+                log.warning("%s", body)
+                continue
+            self._results[rid] = (status, body)
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def exitcode(self):
+        return None if self._proc is None else self._proc.exitcode
+
+    def stop(self) -> None:
+        """End the worker (the next `start` begins a fresh one)."""
+        if self._proc is None:
+            return
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._proc.join(timeout=5)
+        self._proc = None
+        self._results.clear()
+
+    def close(self) -> None:
+        if self.alive():
+            try:
+                self._inbox.put(None)
+                self._proc.join(timeout=2)
+            except (OSError, ValueError):
+                pass
+        self.stop()
+
+    def __enter__(self) -> Sidecar:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,120 @@
+"""The target model with its KV cache (batch 1, greedy): prefill, verify a token tree in one forward, keep a path.
+
+transformers 5.24 facts this relies on (read from the installed source, checked by tests/runtime/test_target.py):
+- model forward takes `cache=` (`past_key_values=` is a deprecated alias) and returns `.cache`;
+- a 4-D `attention_mask` is used as-is by `create_causal_mask` (no packed-sequence detection, no causal merge);
+- `DynamicCache.crop(-k)` drops the last k entries (a positive argument raises); layers expose `.keys` / `.values`
+  shaped [batch, kv_heads, seq, head_dim].
+Custom 4-D masks work with the `eager` and `sdpa` attention implementations of Llama, Qwen2 and Qwen3; other
+implementations (flash-attention kernels take no arbitrary mask) fall back to verifying the best single chain.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from .verify import Tree, tree_mask, tree_positions
+
+TREE_MASK_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+def render_prompt(tokenizer, request: dict) -> str:
+    """The target's own chat template over the request's messages, with its tools, ready for the assistant turn."""
+    kwargs = {"add_generation_prompt": True, "tokenize": False}
+    if request.get("tools"):
+        kwargs["tools"] = request["tools"]
+    return tokenizer.apply_chat_template(request["messages"], **kwargs)
+
+
+class Target:
+    """A causal LM + tokenizer + one DynamicCache. Not thread-safe; one request at a time."""
+
+    def __init__(self, model, tokenizer, tree: bool | None = None, name: str | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
+        impl = getattr(model.config, "_attn_implementation", None) or "eager"
+        self.tree = (impl in TREE_MASK_IMPLEMENTATIONS) if tree is None else tree
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.stop_ids = self._stop_ids()
+        self.cache = None
+        self.histories: dict[str, object] = {}  # method -> History, earlier calls of this run (ToolSpec retrieval)
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: str = "bfloat16", device: str = "cpu", attn: str | None = None) -> Target:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        kw = {"dtype": getattr(torch, dtype)}
+        if attn:
+            kw["attn_implementation"] = attn
+        model = AutoModelForCausalLM.from_pretrained(str(path), **kw).to(device)
+        return cls(model, AutoTokenizer.from_pretrained(str(path)), name=Path(path).name)
+
+    def _stop_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model.generation_config, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(src, int):
+                ids.add(src)
+            elif src:
+                ids.update(int(x) for x in src)
+        return ids
+
+    # --- tokens ---------------------------------------------------------------------------------------------------
+    def prompt_ids(self, request: dict) -> list[int]:
+        text = render_prompt(self.tokenizer, request)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    # --- cache ----------------------------------------------------------------------------------------------------
+    def past(self) -> int:
+        return self.cache.get_seq_length() if self.cache is not None else 0
+
+    @torch.inference_mode()
+    def prefill(self, ids: list[int]) -> float:
+        """Start a new request: fill a fresh cache with `ids` (the prompt minus its last token); returns seconds."""
+        from transformers import DynamicCache
+
+        t0 = time.perf_counter()
+        self.cache = DynamicCache(config=self.model.config)
+        if ids:
+            x = torch.tensor([ids], device=self.device)
+            self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=1)
+        return time.perf_counter() - t0
+
+    @torch.inference_mode()
+    def logits(self, tree: Tree) -> torch.Tensor:
+        """One forward over the tree's tokens after the cache; logits [T, vocab]. The cache grows by T entries."""
+        past = self.past()
+        x = torch.tensor([tree.tokens], device=self.device)
+        if tree.is_chain():  # the ordinary causal mask is the tree mask of a chain
+            out = self.model(input_ids=x, cache=self.cache, use_cache=True)
+        else:
+            if not self.tree:
+                raise ValueError(f"target {self.name} cannot verify a tree (attention {self.model.config._attn_implementation})")
+            mask = tree_mask(tree.parents, past, self.dtype, self.device)
+            pos = tree_positions(tree.depths, past, self.device)
+            out = self.model(input_ids=x, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True)
+        return out.logits[0]
+
+    def verify(self, tree: Tree) -> list[int]:
+        """The target's greedy next token after every node of the tree (one forward)."""
+        return self.logits(tree).argmax(-1).tolist()
+
+    @torch.inference_mode()
+    def keep(self, tree_len: int, nodes: list[int]) -> None:
+        """After a verify of `tree_len` nodes, keep only the root's and `nodes`' entries (in that order)."""
+        past = self.past() - tree_len
+        keep = [0] + list(nodes)
+        if keep == list(range(len(keep))):
+            self.cache.crop(-(tree_len - len(keep)))  # a chain prefix: just drop the tail
+            return
+        idx = torch.tensor(keep, device=self.device) + past
+        for layer in self.cache.layers:
+            layer.keys = torch.cat([layer.keys[..., :past, :], layer.keys.index_select(-2, idx)], dim=-2)
+            layer.values = torch.cat([layer.values[..., :past, :], layer.values.index_select(-2, idx)], dim=-2)

@@ -1,0 +1,216 @@
+"""Prefix-shared packing of a request's sidecar rows for training, and the collator that batches packed requests.
+
+A request's rows share everything up to the row question (see `rows.py`), so training runs them the way the wave
+runs them at inference: one sequence = the shared prefix once, then each row's suffix (question + end of turn +
+generation prompt) followed by its answer tokens (answer + <|im_end|>):
+
+    input_ids    = prefix | suffix_1 answer_1 | suffix_2 answer_2 | ...
+    segment_ids  = 0 ...0 | 1 ...          1 | 2 ...          2 | ...     (-1 for padding, added by the collator)
+    position_ids = 0..P-1 | P, P+1, ...      | P, P+1, ...      | ...     (each row restarts right after the prefix)
+    labels       = -100   | -100.. answer_1  | -100.. answer_2  | ...     (loss on answer tokens only)
+
+The 4-D attention mask lets token q see token k iff k <= q and (k is in the prefix or k is in q's row): row j sees
+the prefix and itself, never another row; so every answer token gets exactly the logits it would get in its own
+prefix + suffix + answer sequence (tests/sidecar/test_packing.py proves it in float64, gradients included).
+
+Tokenization is `rows.render_prefix_and_suffixes` + `rows.answer_ids`, the very calls the wave predictor uses. Rows
+are regrouped per request; each row's question is rebuilt from its metadata (kind, tool, param) with `rows.py`'s own
+question functions and checked against the question in the row's prompt, so a rows file that does not belong to the
+requests file fails loudly instead of training on mismatched prefixes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from ..io import InputError
+from ..schema import param_names
+from .rows import CALL_QUESTION, FUNCTION_QUESTION, answer_ids, render_prefix_and_suffixes, row_messages, slot_question
+
+IGNORE = -100
+PAD_SEGMENT = -1
+
+
+def row_question(request: dict, row: dict, where: str = "rows") -> str:
+    """The question a row asks, rebuilt from its metadata and checked against the row's own prompt."""
+    kind = row.get("kind")
+    rid = request["id"]
+    if kind == "function":
+        question = FUNCTION_QUESTION
+    elif kind == "call":
+        question = CALL_QUESTION
+    elif kind == "slot":
+        tools, i, p = request["tools"], row.get("tool"), row.get("param")
+        if not isinstance(i, int) or not 0 <= i < len(tools) or p not in param_names(tools[i]):
+            raise InputError(f"{where} (record {rid}): slot row names tool {i!r} parameter {p!r}, which the request "
+                             f"does not have; expected a tool index < {len(tools)} and one of its parameters")
+        question = slot_question(tools, i, p)
+    else:
+        raise InputError(f"{where} (record {rid}): row kind {kind!r}; expected 'function', 'slot' or 'call'")
+    prompt = row.get("prompt")
+    expected = row_messages(request, question)[-1]["content"]
+    if not (isinstance(prompt, list) and prompt and prompt[-1].get("content") == expected):
+        raise InputError(f"{where} (record {rid}): the {kind} row's prompt does not match the request's dialogue and "
+                         f"question {question!r}; the rows were built from a different request file")
+    return question
+
+
+def row_answer(row: dict, request_id: str, where: str = "rows") -> str:
+    completion = row.get("completion")
+    if not (isinstance(completion, list) and len(completion) == 1 and isinstance(completion[0].get("content"), str)):
+        raise InputError(f"{where} (record {request_id}): expected completion = [one assistant message with content]")
+    return completion[0]["content"]
+
+
+def keep_row(row: dict, null_keep: float, seed: int = 0) -> bool:
+    """Subsample the `null` slot rows of tools that are not chosen; every other row is kept.
+
+    The decision hashes (seed, request, tool, param), so it is the same on every run, resume and process.
+    """
+    if null_keep >= 1.0 or row.get("kind") != "slot" or row.get("chosen") or not row.get("null"):
+        return True
+    key = f"{seed}|{row['request_id']}|{row.get('tool')}|{row.get('param')}".encode()
+    return int(hashlib.sha256(key).hexdigest()[:8], 16) / 0xFFFFFFFF < null_keep
+
+
+def pack_request(tokenizer, request: dict, rows: list[dict], compact: bool = True,
+                 chat_template_kwargs: dict | None = None, max_length: int | None = None,
+                 where: str = "rows") -> tuple[list[dict], int]:
+    """Pack one request's rows into prefix-shared sequences (several when `max_length` forces it).
+
+    Returns (sequences, dropped): each sequence {"request_id", "input_ids", "position_ids", "segment_ids", "labels",
+    "n_rows"}; `dropped` counts rows that do not fit even alone with the prefix.
+    """
+    questions = [row_question(request, row, where) for row in rows]
+    answers = [answer_ids(tokenizer, row_answer(row, request["id"], where)) for row in rows]
+    prefix, suffixes = render_prefix_and_suffixes(tokenizer, request, questions, compact, chat_template_kwargs)
+    P = len(prefix)
+    sequences: list[dict] = []
+    dropped = 0
+    cur = None
+    for suffix, answer in zip(suffixes, answers):
+        n = len(suffix) + len(answer)
+        if max_length is not None and P + n > max_length:
+            dropped += 1
+            continue
+        if cur is None or (max_length is not None and len(cur["input_ids"]) + n > max_length):
+            cur = {"request_id": request["id"], "input_ids": list(prefix), "position_ids": list(range(P)),
+                   "segment_ids": [0] * P, "labels": [IGNORE] * P, "n_rows": 0}
+            sequences.append(cur)
+        cur["n_rows"] += 1
+        cur["input_ids"] += suffix + answer
+        cur["position_ids"] += list(range(P, P + n))
+        cur["segment_ids"] += [cur["n_rows"]] * n
+        cur["labels"] += [IGNORE] * len(suffix) + answer
+    return sequences, dropped
+
+
+def pack_rows(tokenizer, requests: dict[str, dict], rows: list[tuple[str, dict]], compact: bool = True,
+              chat_template_kwargs: dict | None = None, max_length: int | None = None, null_keep: float = 1.0,
+              seed: int = 0, progress: bool = False) -> tuple[list[dict], dict]:
+    """Group rows by request (first-seen order), subsample null rows, pack each request.
+
+    `rows` holds (location, row) pairs, the location ("file:line") naming the row in errors. Returns the packed
+    sequences and counts: requests, rows_in, rows_kept, rows_dropped_too_long, sequences, tokens, answer_tokens,
+    unpacked_tokens (what the same rows cost one by one).
+    """
+    groups: dict[str, list[tuple[str, dict]]] = {}
+    for loc, row in rows:
+        rid = row.get("request_id")
+        if rid not in requests:
+            raise InputError(f"{loc} (record {rid}): request_id not found in the requests files; expected the id of a "
+                             "request the rows were built from")
+        groups.setdefault(rid, []).append((loc, row))
+    stats = {"requests": 0, "rows_in": len(rows), "rows_kept": 0, "rows_dropped_too_long": 0, "sequences": 0,
+             "tokens": 0, "answer_tokens": 0, "unpacked_tokens": 0}
+    sequences: list[dict] = []
+    items = groups.items()
+    if progress:
+        from tqdm import tqdm
+        items = tqdm(items, desc="pack", unit="req")
+    for rid, group in items:
+        kept = [row for _, row in group if keep_row(row, null_keep, seed)]
+        if not kept:
+            continue
+        seqs, dropped = pack_request(tokenizer, requests[rid], kept, compact, chat_template_kwargs, max_length,
+                                     where=group[0][0])
+        stats["requests"] += 1
+        stats["rows_kept"] += len(kept) - dropped
+        stats["rows_dropped_too_long"] += dropped
+        for s in seqs:
+            P = s["segment_ids"].count(0)
+            stats["tokens"] += len(s["input_ids"])
+            stats["answer_tokens"] += sum(1 for x in s["labels"] if x != IGNORE)
+            stats["unpacked_tokens"] += s["n_rows"] * P + len(s["input_ids"]) - P
+        sequences += seqs
+    stats["sequences"] = len(sequences)
+    return sequences, stats
+
+
+def packed_attention_mask(segment_ids):
+    """Boolean [b, 1, L, L] mask (True = may attend) from segment ids [b, L]: 0 prefix, j row j, -1 padding.
+
+    q sees k iff k <= q and (k in the prefix or k in q's own segment). A padding query sees the padding before it
+    and itself, so no attention row is empty (an all-masked row gives NaN in SDPA, and 0 * NaN poisons the
+    backward); real tokens never see padding.
+    """
+    import torch
+
+    L = segment_ids.shape[-1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=segment_ids.device).tril()
+    q = segment_ids[:, :, None]
+    k = segment_ids[:, None, :]
+    allowed = ((k == 0) & (q >= 0)) | (k == q)
+    return (allowed & causal)[:, None]
+
+
+def additive_mask(mask, dtype):
+    """A boolean mask as the additive float mask eager attention expects (0 where allowed, dtype min elsewhere)."""
+    import torch
+
+    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return out.masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+@dataclass
+class PackedCollator:
+    """Batches packed requests: right-pads to the longest (optionally to a multiple) and builds the 4-D mask.
+
+    Output: input_ids, position_ids, labels [b, L] and attention_mask [b, 1, L, L] (bool; `additive_mask` turns it
+    into the float form for eager attention). Padding: pad_token_id, position 0, label -100, segment -1.
+    """
+
+    pad_token_id: int
+    pad_to_multiple_of: int | None = None
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        L = max(len(f["input_ids"]) for f in features)
+        if self.pad_to_multiple_of:
+            L = -(-L // self.pad_to_multiple_of) * self.pad_to_multiple_of
+
+        def pad(key, value):
+            return torch.tensor([list(f[key]) + [value] * (L - len(f[key])) for f in features], dtype=torch.long)
+
+        segments = pad("segment_ids", PAD_SEGMENT)
+        return {"input_ids": pad("input_ids", self.pad_token_id), "attention_mask": packed_attention_mask(segments),
+                "position_ids": pad("position_ids", 0), "labels": pad("labels", IGNORE)}
+
+
+def unpacked_rows(sequence: dict) -> list[dict]:
+    """The rows of a packed sequence as independent sequences (prefix + suffix + answer, positions from 0).
+
+    This is what training one row at a time sees; the equivalence tests and the profiler compare the two.
+    """
+    seg = sequence["segment_ids"]
+    P = seg.index(1) if 1 in seg else len(seg)
+    out = []
+    for j in range(1, sequence["n_rows"] + 1):
+        idx = [t for t, s in enumerate(seg) if s == j]
+        ids = sequence["input_ids"][:P] + [sequence["input_ids"][t] for t in idx]
+        out.append({"request_id": sequence["request_id"], "input_ids": ids, "position_ids": list(range(len(ids))),
+                    "segment_ids": [0] * P + [1] * len(idx),
+                    "labels": [IGNORE] * P + [sequence["labels"][t] for t in idx], "n_rows": 1})
+    return out

@@ -1,0 +1,270 @@
+"""The slot-wave predictor (transformers backend): one request -> function choice + every slot -> payload.
+
+One wave answers all of a request's questions (`rows.wave_questions`: the function row and one row per (tool,
+parameter)) at once:
+  1. prefill: the shared prefix (system + tools + dialogue) in one forward; its KV cache is repeated over the batch
+     of row suffixes (`DynamicCache.batch_repeat_interleave`); the suffixes, left-padded, go through one forward
+     with a 2-D mask [ones over the prefix | zeros over the padding | ones over the suffix] and position ids that
+     continue from the prefix length, so every row sees exactly `prefix + its suffix`;
+  2. decode: greedy, all rows in parallel, at most `max_value_tokens` tokens; a row stops at <|im_end|> / eos and
+     leaves the batch (`batch_select_indices`), so short answers (`null`) do not pay for long ones;
+  3. join (`join.py`): answers parsed as JSON (not JSON -> unknown), the chosen tool's valid slots -> payload.
+Each row's tokens equal those of running `prefix + suffix` alone with greedy decoding (tests check this in
+float64 on tiny Llama, Qwen2 and Qwen3 models).
+
+Run as: python -m pipeline.sidecar.wave --model DIR [--adapter DIR] --requests FILE.jsonl [--limit N]
+torch / transformers / peft are imported lazily, so `vllm_backend` can reuse the shared parts in an environment
+with another transformers version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .join import answer_json, join_answers, parse_answers, payload_bytes
+from .rows import render_prefix_and_suffixes, wave_questions
+
+DEFAULT_MAX_VALUE_TOKENS = 32  # the longest slot values of the four benchmarks are ~25 tokens in SmolLM2's BPE
+
+
+@dataclass
+class WavePrediction:
+    payload: dict | None  # {"tool_index", "arguments"} or None (no valid function answer)
+    answers: list[dict]  # [{"kind": function|slot, "tool", "param", "text", "value"}]; value may be rows.UNKNOWN
+    timings: dict[str, float]  # seconds: render, prefill, decode, join, total (vLLM: render, generate, join, total)
+    payload_bytes: int
+    n_prompts: int
+    join_report: dict | None = None  # dropped slots, missing required parameters, whole-call errors
+    token_counts: dict | None = None  # prefix, suffix (all rows) and generated tokens
+
+    def to_json(self) -> dict:
+        return {"payload": self.payload, "answers": [answer_json(a) for a in self.answers], "timings": self.timings,
+                "payload_bytes": self.payload_bytes, "n_prompts": self.n_prompts, "join_report": self.join_report,
+                "token_counts": self.token_counts}
+
+
+def wave_inputs(tokenizer, request: dict, compact: bool = True, chat_template_kwargs: dict | None = None):
+    """(prefix ids, suffix ids per question, question keys) of a request's wave."""
+    questions, keys = wave_questions(request)
+    prefix, suffixes = render_prefix_and_suffixes(tokenizer, request, questions, compact, chat_template_kwargs)
+    return prefix, suffixes, keys
+
+
+def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
+    """<|im_end|>, the tokenizer's eos and the generation config's eos ids (a row stops at any of them)."""
+    ids = set()
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    eos = getattr(generation_config, "eos_token_id", None)
+    ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    if not ids:
+        raise ValueError("the tokenizer has neither <|im_end|> nor an eos token: a wave row could never stop")
+    return sorted(ids)
+
+
+def answer_texts(tokenizer, token_rows: list[list[int]], stop_ids) -> list[str]:
+    """Decode each row's tokens up to (not including) its first stop token."""
+    stop = set(stop_ids)
+    texts = []
+    for toks in token_rows:
+        cut = next((i for i, t in enumerate(toks) if t in stop), len(toks))
+        texts.append(tokenizer.decode(toks[:cut], skip_special_tokens=False))
+    return texts
+
+
+def finish_prediction(request: dict, keys: list[tuple], texts: list[str], timings: dict[str, float],
+                      t_start: float) -> WavePrediction:
+    """Parse the answers, join them into the payload, close the timings."""
+    t0 = time.perf_counter()
+    answers = parse_answers(keys, texts, len(request["tools"]))
+    joined = join_answers(request["tools"], answers)
+    timings["join"] = time.perf_counter() - t0
+    timings["total"] = time.perf_counter() - t_start
+    report = {"dropped": joined.dropped, "missing_required": joined.missing_required,
+              "call_errors": joined.call_errors}
+    return WavePrediction(payload=joined.payload, answers=answers, timings=timings,
+                          payload_bytes=payload_bytes(joined.payload), n_prompts=len(keys), join_report=report)
+
+
+def prompt_settings(adapter: str | Path | None, compact: bool | None = None,
+                    chat_template_kwargs: dict | None = None) -> tuple[bool, dict]:
+    """(compact, chat_template_kwargs) the wave must render with: given values win, else those the adapter was
+    trained with (`train.compact`, `train.chat_template_kwargs` of <adapter>/recipe.yaml), else (True, {})."""
+    trained: dict = {}
+    recipe = Path(adapter) / "recipe.yaml" if adapter is not None else None
+    if recipe is not None and recipe.is_file():
+        import yaml
+
+        trained = (yaml.safe_load(recipe.read_text()) or {}).get("train") or {}
+    if compact is None:
+        compact = bool(trained.get("compact", True))
+    if chat_template_kwargs is None:
+        chat_template_kwargs = dict(trained.get("chat_template_kwargs") or {})
+    return compact, dict(chat_template_kwargs)
+
+
+def resolve_dtype(dtype):
+    import torch
+
+    if dtype is None or dtype == "auto" or isinstance(dtype, torch.dtype):
+        return dtype
+    if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+        raise ValueError(f"dtype {dtype!r}: expected auto or a torch dtype name (float32, bfloat16, float64)")
+    return getattr(torch, dtype)
+
+
+def load_sidecar(model: str | Path, adapter: str | Path | None = None, dtype="float32", merge_adapter: bool = False):
+    """(model, tokenizer): the base model, with the peft adapter on top when given; the adapter's tokenizer wins."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for path, what in ((model, "model"), (adapter, "adapter")):
+        if path is not None and not Path(path).exists():
+            raise FileNotFoundError(f"{what} folder {path} does not exist")
+    if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"{adapter}: no adapter_config.json (expected a peft adapter folder)")
+    tok_dir = adapter if adapter is not None and (Path(adapter) / "tokenizer_config.json").is_file() else model
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=resolve_dtype(dtype))
+    if adapter is not None:
+        from peft import PeftModel
+
+        lm = PeftModel.from_pretrained(lm, str(adapter))
+        if merge_adapter:
+            lm = lm.merge_and_unload()
+    lm.eval()
+    return lm, tokenizer
+
+
+class SlotWave:
+    """A sidecar model answering one request's wave per `predict` call (state: the model and tokenizer).
+
+    `model`: a folder / hub id, or a loaded model (then pass `tokenizer=`). `adapter`: a peft adapter folder; its
+    recipe.yaml supplies `compact` and `chat_template_kwargs` unless given. `stop_ids` overrides the stop tokens.
+    """
+
+    def __init__(self, model, adapter: str | Path | None = None, *, tokenizer=None,
+                 max_value_tokens: int = DEFAULT_MAX_VALUE_TOKENS, compact: bool | None = None, dtype="float32",
+                 chat_template_kwargs: dict | None = None, merge_adapter: bool = False, prune_finished: bool = True,
+                 stop_ids: list[int] | None = None):
+        if isinstance(model, (str, Path)):
+            self.model, self.tokenizer = load_sidecar(model, adapter, dtype, merge_adapter)
+        else:
+            if tokenizer is None:
+                raise ValueError("SlotWave(model object): pass tokenizer= as well")
+            if adapter is not None:
+                from peft import PeftModel
+
+                model = PeftModel.from_pretrained(model, str(adapter))
+                model = model.merge_and_unload() if merge_adapter else model
+            self.model, self.tokenizer = model.eval(), tokenizer
+        if tokenizer is not None:
+            self.tokenizer = tokenizer
+        self.max_value_tokens = int(max_value_tokens)
+        self.compact, self.chat_template_kwargs = prompt_settings(adapter, compact, chat_template_kwargs)
+        self.prune_finished = prune_finished
+        self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(
+            self.tokenizer, getattr(self.model, "generation_config", None))
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_ids[0]
+
+    def predict(self, request: dict) -> WavePrediction:
+        t_start = time.perf_counter()
+        prefix, suffixes, keys = wave_inputs(self.tokenizer, request, self.compact, self.chat_template_kwargs)
+        timings = {"render": time.perf_counter() - t_start}
+        token_rows, run_timings = self.run(prefix, suffixes)
+        timings.update(run_timings)
+        texts = answer_texts(self.tokenizer, token_rows, self.stop_ids)
+        pred = finish_prediction(request, keys, texts, timings, t_start)
+        pred.token_counts = {"prefix": len(prefix), "suffix": sum(map(len, suffixes)),
+                             "generated": sum(map(len, token_rows))}
+        return pred
+
+    def run(self, prefix: list[int], suffixes: list[list[int]]) -> tuple[list[list[int]], dict[str, float]]:
+        """Greedy tokens of every row `prefix + suffixes[b]` (each ends at its stop token or at the cap)."""
+        import torch
+
+        with torch.inference_mode():
+            return self._run(prefix, suffixes)
+
+    def _run(self, prefix, suffixes):
+        import torch
+        from transformers import DynamicCache
+
+        if not prefix or not suffixes or any(not s for s in suffixes):
+            raise ValueError("a wave needs a non-empty prefix and non-empty suffixes")
+        dev = self.model.device
+        t0 = time.perf_counter()
+        n_rows, n_prefix, width = len(suffixes), len(prefix), max(len(s) for s in suffixes)
+
+        # Prefix once: [1, P] -> cache, then the cache repeated for the batch of rows.
+        cache = DynamicCache(config=self.model.config)
+        self.model(input_ids=torch.tensor([prefix], device=dev), cache=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(n_rows)
+
+        # Suffixes left-padded to [B, W]; mask [B, P + W]; positions continue from P (pad positions are unused).
+        ids = torch.full((n_rows, width), self.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((n_rows, n_prefix + width), dtype=torch.long, device=dev)
+        mask[:, :n_prefix] = 1
+        positions = torch.full((n_rows, width), n_prefix, dtype=torch.long, device=dev)
+        for b, suffix in enumerate(suffixes):
+            ids[b, width - len(suffix):] = torch.tensor(suffix, device=dev)
+            mask[b, n_prefix + width - len(suffix):] = 1
+            positions[b, width - len(suffix):] = torch.arange(n_prefix, n_prefix + len(suffix), device=dev)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                         logits_to_keep=1)
+        next_tok = out.logits[:, -1].argmax(-1)  # [B]
+        next_pos = positions[:, -1] + 1  # [B]
+        t1 = time.perf_counter()
+
+        # Greedy decode; `rows` maps the live batch back to the wave's rows.
+        stop = torch.tensor(self.stop_ids, device=dev)
+        tokens: list[list[int]] = [[] for _ in range(n_rows)]
+        rows = torch.arange(n_rows, device=dev)
+        for step in range(self.max_value_tokens):
+            for r, t in zip(rows.tolist(), next_tok.tolist()):
+                tokens[r].append(t)
+            live = ~torch.isin(next_tok, stop)
+            if step == self.max_value_tokens - 1 or not live.any():
+                break
+            if self.prune_finished and not live.all():
+                keep = live.nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                rows, next_tok, next_pos, mask = rows[keep], next_tok[keep], next_pos[keep], mask[keep]
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            out = self.model(input_ids=next_tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                             cache=cache, use_cache=True)
+            next_tok = out.logits[:, -1].argmax(-1)
+            next_pos = next_pos + 1
+        t2 = time.perf_counter()
+        return tokens, {"prefill": t1 - t0, "decode": t2 - t1}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ..io import iter_jsonl
+
+    ap = argparse.ArgumentParser(description="Run the slot wave on requests and print each payload with timings.")
+    ap.add_argument("--model", required=True, help="base model folder")
+    ap.add_argument("--adapter", help="peft adapter folder (checkpoints/sidecar/<recipe>/)")
+    ap.add_argument("--requests", required=True, help="canonical requests JSONL")
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--max-value-tokens", type=int, default=DEFAULT_MAX_VALUE_TOKENS)
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args(argv)
+    wave = SlotWave(args.model, args.adapter, max_value_tokens=args.max_value_tokens, dtype=args.dtype)
+    for n, (_, request) in enumerate(iter_jsonl(args.requests)):
+        if args.limit is not None and n >= args.limit:
+            break
+        pred = wave.predict(request)
+        t = pred.timings
+        print(f"{request['id']}: {pred.n_prompts} prompts, prefill {t['prefill']:.3f}s decode {t['decode']:.3f}s "
+              f"total {t['total']:.3f}s, {pred.payload_bytes} B  {pred.payload}")
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,280 @@
+"""Labels: parse teacher traces into sidecar labels (function index + every slot) and SFT rows, reject the rest.
+
+Run as: python -m pipeline.stages.labels --recipe recipes/teacher/qwen2.5-coder-1.5b-cpu.yaml [labels.direct_call=true]
+
+Reads `<data_dir>/traces/<teacher>/<split>.jsonl` and the requests they answer; writes into `<data_dir>/labels/<teacher>/`:
+    <split>.jsonl        one label per accepted trace (pipeline.sidecar.rows.label_from_call + provenance fields)
+    rows/<split>.jsonl   SFT rows (pipeline.sidecar.rows.build_rows: trl prompt-completion + kind/tool/param metadata)
+    rejected.jsonl       every trace not labelled, with `reason` and `detail`
+    stats.json           the report printed at the end; manifest.json
+Per trace: parse every call in the text (pipeline.parsers), keep the first call that names an offered tool and whose
+arguments satisfy its schema after schema-directed normalisation (the paper keeps the first valid call; how many traces
+had more than one call is counted), then compare with gold: exactly (same JSON values) and BFCL-style (any acceptable
+value per argument from `gold_accept`; "" marks an argument that may be omitted; strings compared as BFCL does).
+`labels.require_gold_agreement` drops calls that disagree with an existing gold call. Outputs are written atomically;
+a rerun with the same inputs and recipe does nothing (`labels.force=true` redoes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..io import InputError, iter_jsonl, read_json, sha256_file, where, write_json, write_jsonl, write_manifest
+from ..parsers import normalise_arguments, parse_calls
+from ..recipes import load_recipe, section
+from ..schema import find_tool, tool_params, validation_errors
+from ..sidecar.rows import build_rows, label_from_call
+from .traces import TOP_KEYS, load_requests, request_files
+
+
+@dataclass
+class LabelsConfig:
+    teacher: str
+    data_dir: str = "data"
+    benchmarks: list[str] | str = "all"
+    splits: list[str] = field(default_factory=lambda: ["train", "dev"])
+    require_gold_agreement: bool = False  # drop calls that disagree with gold (BFCL-acceptable); fewer, cleaner rows
+    direct_call: bool = False             # one extra row per request: the whole call as compact JSON
+    compact: bool = True                  # compact one-line-per-parameter tool block (shorter prefix) vs full JSON
+    force: bool = False                   # redo even when inputs and recipe are unchanged
+
+
+LABEL_KEYS = {"require_gold_agreement", "direct_call", "compact", "force"}
+
+
+def resolve(config: dict, where_: str = "recipe") -> LabelsConfig:
+    bad = sorted(set(config) - TOP_KEYS)
+    if bad:
+        raise InputError(f"{where_}: unknown top-level key(s) {bad}; expected one of {sorted(TOP_KEYS)}")
+    teacher = config.get("teacher") or config.get("recipe_name")
+    if not teacher:
+        raise InputError(f"{where_}: `teacher` (output folder name) is required")
+    top = {k: config[k] for k in ("data_dir", "benchmarks", "splits") if k in config}
+    cfg = LabelsConfig(teacher=teacher, **top, **section(config, "labels", LABEL_KEYS, where_))
+    if isinstance(cfg.splits, str):
+        cfg.splits = [cfg.splits]
+    return cfg
+
+
+# --- agreement with gold (pure) -----------------------------------------------------------------------------------
+
+def json_equal(a, b) -> bool:
+    """Equal as JSON values: numbers by value (5 == 5.0), booleans never equal to numbers, objects key-order free."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def agrees_exact(call: dict, gold: list[dict]) -> bool:
+    return any(call["name"] == g["name"] and json_equal(call["arguments"], g.get("arguments") or {}) for g in gold)
+
+
+def _bfcl_str(s: str) -> str:
+    # BFCL's ast checker: drop spaces and , . / - _ * ^, lower-case, single quotes as double quotes
+    return re.sub(r"[ ,./\-_*^]", "", s).lower().replace("'", '"')
+
+
+def _value_matches(value, accepted) -> bool:
+    if isinstance(accepted, dict) and isinstance(value, dict):
+        return arguments_accepted(value, accepted)
+    if isinstance(accepted, list) and isinstance(value, list):
+        return len(accepted) == len(value) and all(_value_matches(v, a) for v, a in zip(value, accepted))
+    if isinstance(accepted, str) and isinstance(value, str):
+        return _bfcl_str(value) == _bfcl_str(accepted)
+    return json_equal(value, accepted)
+
+
+def arguments_accepted(args: dict, accept: dict) -> bool:
+    """BFCL rule: every given argument is known and takes one of its acceptable values; an omitted argument must list
+    "" among its acceptable values. A nested object's acceptable value is again {key: [acceptable values]}."""
+    for key, value in args.items():
+        if key not in accept:
+            return False
+        options = accept[key] if isinstance(accept[key], list) else [accept[key]]
+        if not any(_value_matches(value, a) for a in options if a != ""):
+            return False
+    return all(key in args or (isinstance(opts, list) and "" in opts) for key, opts in accept.items())
+
+
+def agrees_accept(call: dict, request: dict) -> bool:
+    """Agreement with gold, acceptable-values aware where the request has `gold_accept`, exact otherwise."""
+    accept = request.get("gold_accept")
+    if not accept:
+        return agrees_exact(call, request["gold"])
+    return any(call["name"] == a["name"] and arguments_accepted(call["arguments"], a.get("arguments") or {})
+               for a in accept)
+
+
+# --- one trace -> label or rejection (pure) -----------------------------------------------------------------------
+
+def label_trace(request: dict, trace: dict, require_gold_agreement: bool = False) -> tuple[dict | None, dict]:
+    """(label or None, facts) for one trace. Facts: parsed, format, n_calls, valid, gold_exact, gold_accept,
+    normalised, and for a rejection `reason` + `detail`."""
+    facts = {"parsed": False, "format": None, "n_calls": 0, "valid": False, "gold_exact": None, "gold_accept": None,
+             "normalised": []}
+    if trace.get("error"):
+        return None, {**facts, "reason": "trace_error", "detail": trace["error"]}
+    parsed = parse_calls(trace.get("text") or "")
+    if not parsed.calls:
+        reason = "truncated" if trace.get("finish_reason") == "length" else "unparsed"
+        return None, {**facts, "reason": reason, "detail": "; ".join(parsed.problems) or "no tool call found"}
+    facts.update(parsed=True, format=parsed.format, n_calls=len(parsed.calls))
+    tools, problems, chosen = request["tools"], [], None
+    for k, call in enumerate(parsed.calls):
+        idx = find_tool(tools, call["name"])
+        if idx is None:
+            problems.append(("unknown_tool", f"call {k}: {call['name']!r} is not an offered tool"))
+            continue
+        args, notes = normalise_arguments(call["arguments"], tool_params(tools[idx]))
+        errors = validation_errors(args, tool_params(tools[idx]))
+        if errors:
+            problems.append(("schema_invalid", f"call {k} {call['name']}: " + "; ".join(errors[:3])))
+            continue
+        chosen = (k, {"name": call["name"], "arguments": args}, notes)
+        break
+    if chosen is None:
+        reason = "schema_invalid" if any(r == "schema_invalid" for r, _ in problems) else "unknown_tool"
+        return None, {**facts, "reason": reason, "detail": " | ".join(d for _, d in problems)}
+    k, call, notes = chosen
+    facts.update(valid=True, normalised=notes, call_index=k)
+    if request["gold"]:
+        facts.update(gold_exact=agrees_exact(call, request["gold"]), gold_accept=agrees_accept(call, request))
+        if require_gold_agreement and not facts["gold_accept"]:
+            return None, {**facts, "reason": "gold_disagreement",
+                          "detail": f"teacher {call} vs gold {request['gold'][0]}"}
+    label = label_from_call(request, call)
+    label.update({"benchmark": request.get("benchmark"), "format": parsed.format, "n_calls": len(parsed.calls),
+                  "call_index": k, "normalised": notes, "gold_exact": facts["gold_exact"],
+                  "gold_accept": facts["gold_accept"]})
+    return label, facts
+
+
+# --- the stage ----------------------------------------------------------------------------------------------------
+
+def _paths(cfg: LabelsConfig) -> tuple[Path, Path]:
+    return Path(cfg.data_dir) / "traces" / cfg.teacher, Path(cfg.data_dir) / "labels" / cfg.teacher
+
+
+def label_split(cfg: LabelsConfig, split: str) -> tuple[list[dict], list[dict], list[dict], dict, list[Path]]:
+    traces_dir, _ = _paths(cfg)
+    trace_file = traces_dir / f"{split}.jsonl"
+    if not trace_file.is_file():
+        raise InputError(f"{trace_file}: traces not found; run `python -m pipeline.stages.traces` with this recipe")
+    files = request_files(cfg.data_dir, cfg.benchmarks, split)
+    requests = {r["id"]: r for r in load_requests(files)}
+    labels, rejected, rows = [], [], []
+    st = Counter()
+    reasons, formats = Counter(), Counter()
+    for lineno, trace in iter_jsonl(trace_file):
+        request = requests.get(trace.get("id"))
+        if request is None:
+            raise InputError(f"{where(trace_file, lineno, trace.get('id'))}: no such request in {[str(f) for f in files]}")
+        label, facts = label_trace(request, trace, cfg.require_gold_agreement)
+        st["traces"] += 1
+        st["trace_errors"] += facts.get("reason") == "trace_error"
+        st["parsed"] += facts["parsed"]
+        st["multi_call"] += facts["n_calls"] > 1
+        st["schema_valid"] += facts["valid"]
+        st["with_gold"] += facts["valid"] and facts["gold_exact"] is not None
+        st["gold_exact"] += bool(facts["gold_exact"])
+        st["gold_accept"] += bool(facts["gold_accept"])
+        st["normalised"] += bool(facts["normalised"])
+        if facts["format"]:
+            formats[facts["format"]] += 1
+        if label is None:
+            reasons[facts["reason"]] += 1
+            rejected.append({"id": trace["id"], "split": split, "teacher": cfg.teacher, "reason": facts["reason"],
+                             "detail": facts["detail"], "finish_reason": trace.get("finish_reason"),
+                             "text": trace.get("text")})
+            continue
+        label["split"] = split
+        labels.append(label)
+        rows += build_rows(request, label, cfg.compact, cfg.direct_call)
+    st["labels"] = len(labels)
+    stats = {**{k: st[k] for k in ("traces", "trace_errors", "parsed", "schema_valid", "multi_call", "with_gold",
+                                   "gold_exact", "gold_accept", "normalised", "labels")},
+             "rejected": dict(sorted(reasons.items())), "formats": dict(sorted(formats.items())),
+             "rows": dict(sorted(Counter(r["kind"] for r in rows).items())),
+             "slot_rows_null": sum(r["kind"] == "slot" and r["null"] for r in rows)}
+    return labels, rejected, rows, stats, [trace_file, *files]
+
+
+def _pct(n: int, d: int) -> str:
+    return f"{n}/{d} ({100 * n / d:.1f}%)" if d else f"{n}/0"
+
+
+def report_text(teacher: str, stats: dict) -> str:
+    lines = [f"labels for teacher {teacher}"]
+    for split, s in stats.items():
+        t = s["traces"]
+        lines += [f"[{split}] traces {t} (errors {s['trace_errors']})",
+                  f"  parsed        {_pct(s['parsed'], t)}   formats {s['formats']}",
+                  f"  schema-valid  {_pct(s['schema_valid'], t)}   normalised {s['normalised']}",
+                  f"  >1 call       {s['multi_call']} (first valid call kept)",
+                  f"  gold exact    {_pct(s['gold_exact'], s['with_gold'])}   "
+                  f"gold acceptable {_pct(s['gold_accept'], s['with_gold'])}  (of valid calls with gold)",
+                  f"  labels        {s['labels']}   rejected {s['rejected']}",
+                  f"  rows          {s['rows']}   (null slot rows {s['slot_rows_null']})"]
+    return "\n".join(lines)
+
+
+def run(cfg: LabelsConfig, recipe: dict | None = None) -> dict:
+    """Label every split; returns the stats (also in stats.json). Skips the work when nothing changed."""
+    traces_dir, out_dir = _paths(cfg)
+    config = {"recipe": recipe, "resolved": {k: v for k, v in asdict(cfg).items() if k != "force"}}
+    manifest = out_dir / "manifest.json"
+    if not cfg.force and manifest.is_file() and (out_dir / "stats.json").is_file():
+        old = read_json(manifest)
+        inputs = [traces_dir / f"{s}.jsonl" for s in cfg.splits]
+        inputs += [f for s in cfg.splits for f in request_files(cfg.data_dir, cfg.benchmarks, s)]
+        same_inputs = all(p.is_file() and old.get("inputs", {}).get(str(p)) == sha256_file(p) for p in inputs)
+        if same_inputs and old.get("config", {}).get("resolved") == config["resolved"]:
+            stats = read_json(out_dir / "stats.json")
+            print(f"labels {cfg.teacher}: up to date (inputs and recipe unchanged; labels.force=true to redo)")
+            return stats
+    stats, rejected_all, inputs = {}, [], []
+    results = {}
+    for split in cfg.splits:
+        labels, rejected, rows, stats[split], used = label_split(cfg, split)
+        results[split] = (labels, rows)
+        rejected_all += rejected
+        inputs += used
+    for split, (labels, rows) in results.items():
+        write_jsonl(out_dir / f"{split}.jsonl", labels)
+        write_jsonl(out_dir / "rows" / f"{split}.jsonl", rows)
+    write_jsonl(out_dir / "rejected.jsonl", rejected_all)
+    write_json(out_dir / "stats.json", stats)
+    trace_manifest = traces_dir / "manifest.json"
+    gold = read_json(trace_manifest).get("gold") if trace_manifest.is_file() else None
+    write_manifest(out_dir, "labels", config, inputs, extra={"gold_traces": gold, "stats": stats})
+    return stats
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", required=True, help="a recipes/teacher/*.yaml file")
+    ap.add_argument("overrides", nargs="*", help="key=value (dotted: labels.direct_call=true, splits=[train])")
+    args = ap.parse_args(argv)
+    recipe = load_recipe(args.recipe, args.overrides)
+    cfg = resolve(recipe, args.recipe)
+    stats = run(cfg, recipe)
+    print(report_text(cfg.teacher, stats))
+    return stats
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except InputError as e:
+        sys.exit(f"error: {e}")

@@ -1,0 +1,369 @@
+"""Teacher traces: run a teacher over the train/dev requests and keep its raw text, one row per request.
+
+Run as: python -m pipeline.stages.traces --recipe recipes/teacher/qwen2.5-coder-1.5b-cpu.yaml [traces.limit=20 ...]
+
+Reads `<data_dir>/requests/<benchmark>/<split>.jsonl` and writes `<data_dir>/traces/<teacher>/<split>.jsonl`, rows
+    {"id", "teacher", "backend", "text", "prompt_tokens", "completion_tokens", "finish_reason", "latency_s", "error"}
+plus a manifest.json. The prompt is the teacher's own chat template over the request's messages with `tools=`;
+decoding is greedy (repetition penalty off). `latency_s` is the wall time of the batch the request ran in.
+Backends (recipe `traces.backend`):
+- `vllm`: offline `vllm.LLM`, pre-rendered prompts, all of a split submitted in one `generate` (or `vllm_chunk` at a
+  time) so vLLM schedules the batching; `tensor_parallel_size`, `max_model_len`, `dtype` from the recipe.
+- `transformers`: batched greedy `generate`, left padding, prompts sorted by length so a batch wastes little padding.
+- `gold`: no model; each request's gold calls rendered as the teacher's template renders an assistant `tool_calls`
+  turn (finish_reason "gold"); rows say backend "gold" and the manifest says `"gold": true`.
+The run resumes (ids already written are skipped); a request that fails is written with `error` and the run goes on.
+Model libraries are imported lazily so this module also loads in the vLLM venv (older transformers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..io import InputError, ResumableJsonl, iter_jsonl, where, write_manifest
+from ..recipes import load_recipe, section
+
+BACKENDS = ("vllm", "transformers", "gold")
+
+
+@dataclass
+class TracesConfig:
+    teacher: str
+    model: str                              # local folder or hub id (tokenizer + chat template; weights unless gold)
+    backend: str = "transformers"
+    data_dir: str = "data"
+    benchmarks: list[str] | str = "all"     # "all" = every folder under <data_dir>/requests
+    splits: list[str] = field(default_factory=lambda: ["train", "dev"])
+    limit: int | None = None                # per split: first N of a seeded shuffle (raising it extends the sample)
+    seed: int = 0
+    batch_size: int = 4                     # transformers / gold (vllm batches by itself)
+    max_new_tokens: int = 256
+    dtype: str = "bfloat16"
+    tensor_parallel_size: int = 1           # vllm only
+    max_model_len: int | None = None        # longer prompts are recorded as errors, not run
+    threads: int | None = None              # torch intra-op threads (CPU)
+    chat_template_kwargs: dict = field(default_factory=dict)
+    vllm_chunk: int = 0                     # prompts per vllm generate call; 0 = all at once
+    vllm_kwargs: dict = field(default_factory=dict)  # extra vllm.LLM arguments (gpu_memory_utilization, ...)
+    env: dict = field(default_factory=dict)  # environment set before the backend loads (VLLM_CPU_KVCACHE_SPACE ...)
+    tiny_family: str | None = None          # tests/smoke: build a tiny random model at `model` if it is missing
+
+
+TOP_KEYS = {"recipe_name", "teacher", "data_dir", "benchmarks", "splits", "traces", "labels"}
+TRACE_KEYS = set(TracesConfig.__dataclass_fields__) - {"teacher", "data_dir", "benchmarks", "splits"}
+
+
+def resolve(config: dict, where_: str = "recipe") -> TracesConfig:
+    bad = sorted(set(config) - TOP_KEYS)
+    if bad:
+        raise InputError(f"{where_}: unknown top-level key(s) {bad}; expected one of {sorted(TOP_KEYS)}")
+    sec = section(config, "traces", TRACE_KEYS, where_)
+    if "model" not in sec:
+        raise InputError(f"{where_}: traces.model is required (a model folder or hub id)")
+    teacher = config.get("teacher") or config.get("recipe_name")
+    if not teacher:
+        raise InputError(f"{where_}: `teacher` (output folder name) is required")
+    top = {k: config[k] for k in ("data_dir", "benchmarks", "splits") if k in config}
+    cfg = TracesConfig(teacher=teacher, **top, **sec)
+    if cfg.backend not in BACKENDS:
+        raise InputError(f"{where_}: traces.backend {cfg.backend!r}; expected one of {BACKENDS}")
+    if isinstance(cfg.splits, str):
+        cfg.splits = [cfg.splits]
+    return cfg
+
+
+# --- requests -----------------------------------------------------------------------------------------------------
+
+def request_files(data_dir: str | Path, benchmarks: list[str] | str, split: str) -> list[Path]:
+    """The request files of one split, benchmarks in name order ("all" = every benchmark folder that has the split)."""
+    root = Path(data_dir) / "requests"
+    if benchmarks == "all":
+        files = sorted(root.glob(f"*/{split}.jsonl"))
+        if not files:
+            raise InputError(f"{root}/*/{split}.jsonl: no request files for split {split!r}; run the data stage first")
+        return files
+    names = [benchmarks] if isinstance(benchmarks, str) else list(benchmarks)
+    files = [root / b / f"{split}.jsonl" for b in names]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise InputError(f"{missing}: request file(s) not found; expected <data_dir>/requests/<benchmark>/{split}.jsonl")
+    return files
+
+
+def load_requests(files: list[Path], limit: int | None = None, seed: int = 0) -> list[dict]:
+    """Requests of the files, checked for the fields traces needs; with `limit`, the first N of a seeded shuffle."""
+    requests, seen = [], {}
+    for path in files:
+        for lineno, req in iter_jsonl(path):
+            rid = req.get("id")
+            if not isinstance(rid, str):
+                raise InputError(f"{where(path, lineno)}: expected a string `id`")
+            for key, kind in (("messages", list), ("tools", list), ("gold", list)):
+                if not isinstance(req.get(key), kind):
+                    raise InputError(f"{where(path, lineno, rid)}: expected `{key}` to be a {kind.__name__}")
+            if rid in seen:
+                raise InputError(f"{where(path, lineno, rid)}: duplicate id (first at {seen[rid]})")
+            seen[rid] = where(path, lineno)
+            requests.append(req)
+    if limit is not None:
+        random.Random(seed).shuffle(requests)
+        requests = requests[:limit]
+    return requests
+
+
+# --- prompts ------------------------------------------------------------------------------------------------------
+
+def render_prompt(tokenizer, request: dict, chat_template_kwargs: dict | None = None) -> str:
+    """The teacher's own chat template over the request's messages and tools, ready for the assistant turn."""
+    return tokenizer.apply_chat_template(request["messages"], tools=request["tools"] or None, tokenize=False,
+                                         add_generation_prompt=True, **(chat_template_kwargs or {}))
+
+
+def render_gold(tokenizer, request: dict, chat_template_kwargs: dict | None = None) -> str:
+    """The gold calls as the template renders an assistant tool_calls turn: the text after the generation prompt,
+    up to (not including) the end-of-turn token."""
+    if not request["gold"]:
+        raise ValueError("request has no gold call")
+    kw = dict(chat_template_kwargs or {})
+    turn = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": c["name"], "arguments": c.get("arguments") or {}}}
+        for c in request["gold"]]}
+    prompt = render_prompt(tokenizer, request, kw)
+    full = tokenizer.apply_chat_template(request["messages"] + [turn], tools=request["tools"] or None,
+                                         tokenize=False, add_generation_prompt=False, **kw)
+    if not full.startswith(prompt):
+        raise ValueError("the chat template renders the history differently with an assistant turn; "
+                         "cannot isolate the assistant part")
+    return strip_end(tokenizer, full[len(prompt):])
+
+
+def end_strings(tokenizer) -> list[str]:
+    ends = {tokenizer.eos_token, "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>"}
+    return [e for e in ends if e]
+
+
+def strip_end(tokenizer, text: str) -> str:
+    """Text up to the first end-of-turn / end-of-text token string."""
+    cut = min((text.find(e) for e in end_strings(tokenizer) if e in text), default=len(text))
+    return text[:cut]
+
+
+def error_row(cfg: TracesConfig, rid: str, error: str, prompt_tokens: int = 0, latency: float = 0.0) -> dict:
+    return {"id": rid, "teacher": cfg.teacher, "backend": cfg.backend, "text": "", "prompt_tokens": prompt_tokens,
+            "completion_tokens": 0, "finish_reason": "error", "latency_s": round(latency, 3), "error": error}
+
+
+def describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:500]
+
+
+# --- backends -----------------------------------------------------------------------------------------------------
+
+class Backend:
+    """A loaded teacher. `prepare` renders one request (raising on failure); `run` answers a batch of prepared ones."""
+
+    def __init__(self, cfg: TracesConfig):
+        self.cfg = cfg
+        self.tokenizer = None
+
+    def prepare(self, request: dict) -> list[int]:
+        ids = self.tokenizer(render_prompt(self.tokenizer, request, self.cfg.chat_template_kwargs),
+                             add_special_tokens=False)["input_ids"]
+        limit = self.cfg.max_model_len
+        if limit and len(ids) + self.cfg.max_new_tokens > limit:
+            raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens {self.cfg.max_new_tokens} "
+                             f"exceeds max_model_len {limit}")
+        return ids
+
+    def run(self, batch: list[tuple[dict, list[int]]]) -> list[dict]:
+        raise NotImplementedError
+
+    def row(self, rid: str, text: str, prompt_tokens: int, completion_tokens: int, finish: str, latency: float) -> dict:
+        return {"id": rid, "teacher": self.cfg.teacher, "backend": self.cfg.backend, "text": text,
+                "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "finish_reason": finish,
+                "latency_s": round(latency, 3), "error": None}
+
+
+class GoldBackend(Backend):
+    def __init__(self, cfg: TracesConfig):
+        super().__init__(cfg)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+
+    def run(self, batch):
+        rows = []
+        for req, ids in batch:
+            text = render_gold(self.tokenizer, req, self.cfg.chat_template_kwargs)
+            n = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            rows.append(self.row(req["id"], text, len(ids), n, "gold", 0.0))
+        return rows
+
+
+class TransformersBackend(Backend):
+    def __init__(self, cfg: TracesConfig):
+        super().__init__(cfg)
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        self.model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype)).eval()
+        eos = self.model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        eos += [i for i in (self.tokenizer.eos_token_id,) if i is not None and i not in eos]
+        self.eos = eos
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+
+    def run(self, batch):
+        torch = self.torch
+        width = max(len(ids) for _, ids in batch)
+        input_ids = torch.tensor([[self.pad] * (width - len(ids)) + ids for _, ids in batch])  # [B, S] left-padded
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch])
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=self.cfg.max_new_tokens,
+                                      do_sample=False, repetition_penalty=1.0, eos_token_id=self.eos,
+                                      pad_token_id=self.pad)
+        latency = time.perf_counter() - t0
+        rows = []
+        for (req, ids), gen in zip(batch, out[:, width:].tolist()):
+            stop = next((i for i, t in enumerate(gen) if t in self.eos), None)
+            kept = gen if stop is None else gen[:stop]
+            text = self.tokenizer.decode(kept, skip_special_tokens=False)
+            rows.append(self.row(req["id"], text, len(ids), len(kept) + (stop is not None),
+                                 "length" if stop is None else "stop", latency))
+        return rows
+
+
+class VllmBackend(Backend):
+    def __init__(self, cfg: TracesConfig):
+        super().__init__(cfg)
+        from vllm import LLM, SamplingParams
+
+        self.llm = LLM(model=cfg.model, tokenizer=cfg.model, dtype=cfg.dtype, seed=cfg.seed,
+                       tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
+                       **cfg.vllm_kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.params = SamplingParams(temperature=0.0, max_tokens=cfg.max_new_tokens, repetition_penalty=1.0,
+                                     skip_special_tokens=False)
+
+    def run(self, batch):
+        t0 = time.perf_counter()
+        outs = self.llm.generate([{"prompt_token_ids": ids} for _, ids in batch], self.params, use_tqdm=False)
+        latency = time.perf_counter() - t0
+        rows = []
+        for (req, ids), out in zip(batch, outs):
+            o = out.outputs[0]
+            rows.append(self.row(req["id"], strip_end(self.tokenizer, o.text), len(ids), len(o.token_ids),
+                                 o.finish_reason or "stop", latency))
+        return rows
+
+
+def load_backend(cfg: TracesConfig) -> Backend:
+    for k, v in cfg.env.items():
+        os.environ[str(k)] = str(v)
+    if cfg.tiny_family and not Path(cfg.model).exists():
+        from ..testing import make_tiny_model_dir
+
+        make_tiny_model_dir(cfg.model, cfg.tiny_family)
+    return {"gold": GoldBackend, "transformers": TransformersBackend, "vllm": VllmBackend}[cfg.backend](cfg)
+
+
+# --- the stage ----------------------------------------------------------------------------------------------------
+
+def run_batch(backend: Backend, batch: list[tuple[dict, list[int]]]) -> list[dict]:
+    """Rows for a batch; if the batch fails, each request is retried alone and a failing one becomes an error row."""
+    try:
+        return backend.run(batch)
+    except Exception as e:  # noqa: BLE001 - one bad request must not stop the stage
+        if len(batch) == 1:
+            return [error_row(backend.cfg, batch[0][0]["id"], describe(e), len(batch[0][1]))]
+        return [row for item in batch for row in run_batch(backend, [item])]
+
+
+def run_split(backend: Backend, cfg: TracesConfig, split: str, requests: list[dict]) -> dict:
+    from tqdm import tqdm
+
+    out = ResumableJsonl(Path(cfg.data_dir) / "traces" / cfg.teacher / f"{split}.jsonl")
+    done = out.done_ids()
+    todo = [r for r in requests if r["id"] not in done]
+    stats = {"requests": len(requests), "already_done": len(requests) - len(todo), "written": 0, "errors": 0,
+             "prompt_tokens": 0, "completion_tokens": 0, "wall_s": 0.0}
+    bar = tqdm(total=len(todo), desc=f"traces {cfg.teacher}/{split}", unit="req", file=sys.stderr)
+    t0 = time.perf_counter()
+
+    def emit(rows: list[dict]) -> None:
+        for row in rows:
+            out.write(row)
+            stats["written"] += 1
+            stats["errors"] += row["error"] is not None
+            stats["prompt_tokens"] += row["prompt_tokens"]
+            stats["completion_tokens"] += row["completion_tokens"]
+        bar.update(len(rows))
+        bar.set_postfix(tok_s=f"{stats['completion_tokens'] / max(time.perf_counter() - t0, 1e-9):.1f}",
+                        errors=stats["errors"])
+
+    try:
+        prepared = []
+        for req in todo:
+            try:
+                prepared.append((req, backend.prepare(req)))
+            except Exception as e:  # noqa: BLE001 - template or length failure of one request
+                emit([error_row(cfg, req["id"], describe(e))])
+        prepared.sort(key=lambda item: -len(item[1]))  # longest first: similar lengths share a batch
+        size = (cfg.vllm_chunk or max(len(prepared), 1)) if cfg.backend == "vllm" else cfg.batch_size
+        for i in range(0, len(prepared), size):
+            emit(run_batch(backend, prepared[i:i + size]))
+        out.finish()
+    finally:
+        out.close()
+        bar.close()
+    stats["wall_s"] = round(time.perf_counter() - t0, 2)
+    stats["completion_tokens_per_s"] = round(stats["completion_tokens"] / max(stats["wall_s"], 1e-9), 2)
+    return stats
+
+
+def run(cfg: TracesConfig, recipe: dict | None = None) -> dict:
+    """Run the stage for every split of `cfg`; returns per-split figures (also stored in the manifest)."""
+    jobs = []
+    for split in cfg.splits:
+        files = request_files(cfg.data_dir, cfg.benchmarks, split)
+        jobs.append((split, files, load_requests(files, cfg.limit, cfg.seed)))
+    backend = load_backend(cfg)
+    report = {split: run_split(backend, cfg, split, reqs) for split, _, reqs in jobs}
+    inputs = [f for _, files, _ in jobs for f in files]
+    write_manifest(Path(cfg.data_dir) / "traces" / cfg.teacher, "traces",
+                   {"recipe": recipe, "resolved": asdict(cfg)}, inputs,
+                   extra={"gold": cfg.backend == "gold", "backend": cfg.backend, "run": report})
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", required=True, help="a recipes/teacher/*.yaml file")
+    ap.add_argument("overrides", nargs="*", help="key=value (dotted: traces.limit=20, splits=[train])")
+    args = ap.parse_args(argv)
+    recipe = load_recipe(args.recipe, args.overrides)
+    cfg = resolve(recipe, args.recipe)
+    report = run(cfg, recipe)
+    for split, s in report.items():
+        print(f"traces {cfg.teacher}/{split} [{cfg.backend}]: {s['written']} written ({s['errors']} errors), "
+              f"{s['already_done']} already done, {s['completion_tokens']} completion tokens in {s['wall_s']} s "
+              f"= {s['completion_tokens_per_s']} tok/s")
+    return report
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except InputError as e:
+        sys.exit(f"error: {e}")

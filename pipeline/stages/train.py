@@ -1,0 +1,264 @@
+"""The `train` stage: LoRA SFT of the sidecar on prefix-shared packed rows (trl SFTTrainer + peft LoraConfig).
+
+Run as: python -m pipeline.stages.train [--recipe recipes/sidecar/smollm2-135m-cpu.yaml] [section.key=value ...]
+Several GPUs: accelerate launch --config_file recipes/deepspeed/accelerate-zero2.yaml -m pipeline.stages.train
+              --recipe recipes/sidecar/qwen3-0.6b.yaml sft.deepspeed=recipes/deepspeed/zero2.json
+
+A recipe has three sections: `train:` (this stage's own keys, `DEFAULTS` below), `sft:` (trl `SFTConfig` fields,
+verbatim) and `lora:` (peft `LoraConfig` fields, verbatim); an unknown key is an error that lists the valid ones.
+Rows (the labels stage's SFT rows, or rows built from the requests' gold calls with `train.gold_rows: true`) are
+regrouped per request and packed prefix-once with `pipeline.sidecar.packing`; `sft.max_length` caps a packed
+sequence (a request whose rows do not fit is split into several sequences, each with its prefix).
+
+Writes checkpoints/sidecar/<recipe>/ (or `sft.output_dir`): the adapter (PeftModel.from_pretrained-loadable), the
+tokenizer, recipe.yaml (resolved), metrics.json, loss.png, manifest.json (written last: its presence means done).
+An interrupted run resumes from its last complete checkpoint-*; a finished one is not rerun unless the recipe
+changed and `train.overwrite=true`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+from ..io import InputError, iter_jsonl, read_json, write_json, write_manifest
+from ..recipes import load_recipe, section
+
+STAGE = "train"
+DEFAULT_RECIPE = "recipes/sidecar/smollm2-135m-cpu.yaml"
+DEFAULTS = {
+    "model": None,                # base model: a local folder or a hub id
+    "requests": [],               # request JSONL files (globs allowed) the rows were built from
+    "rows": [],                   # SFT row JSONL files (globs allowed) from the labels stage
+    "gold_rows": False,           # build rows from each request's first gold call instead of reading `rows`
+    "max_requests": None,         # keep only the first N requests (smoke runs, profiling)
+    "compact": True,              # compact tool block in the prefix (one line per tool/param); false: full JSON
+    "chat_template_kwargs": {},   # e.g. {enable_thinking: false} for Qwen3
+    "null_keep": 1.0,             # fraction of null slot rows of NOT-chosen tools kept (deterministic hash)
+    "dtype": "float32",           # weights dtype: float32 (use sft.bf16 for autocast), bfloat16, float16, auto
+    "attn_implementation": "sdpa",  # sdpa or eager (both take the packed 4-D mask; flash-attention does not)
+    "overwrite": False,           # retrain a finished output whose recipe changed
+}
+SECTIONS = ("train", "sft", "lora")
+FORCED_SFT = {"remove_unused_columns": False, "dataset_kwargs": {"skip_prepare_dataset": True},
+              "packing": False, "padding_free": False}
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.init}
+
+
+def resolve(config: dict, where: str) -> dict:
+    """Check every key against its dataclass and fill the stage defaults; returns the resolved recipe."""
+    from peft import LoraConfig
+    from trl import SFTConfig
+
+    bad = sorted(set(config) - set(SECTIONS) - {"recipe_name"})
+    if bad:
+        raise InputError(f"{where}: unknown top-level key(s) {bad}; expected sections {list(SECTIONS)}")
+    train = {**DEFAULTS, **section(config, "train", set(DEFAULTS), where)}
+    sft = dict(section(config, "sft", _fields(SFTConfig), where))
+    lora = dict(section(config, "lora", _fields(LoraConfig), where))
+    for key, value in FORCED_SFT.items():
+        if key in sft and sft[key] != value:
+            raise InputError(f"{where}: sft.{key}={sft[key]!r} conflicts with prefix-shared packing, which needs "
+                             f"{value!r}; remove the key")
+    if not train["model"]:
+        raise InputError(f"{where}: train.model is required (a local model folder or a hub id)")
+    if bool(train["rows"]) == bool(train["gold_rows"]):
+        raise InputError(f"{where}: give either train.rows (SFT row files) or train.gold_rows=true, not both/neither")
+    if not train["requests"]:
+        raise InputError(f"{where}: train.requests is required (the request files the rows were built from)")
+    if not 0.0 <= float(train["null_keep"]) <= 1.0:
+        raise InputError(f"{where}: train.null_keep={train['null_keep']!r}; expected a fraction in [0, 1]")
+    name = config.get("recipe_name", "default")
+    sft.setdefault("output_dir", f"checkpoints/sidecar/{name}")
+    return {"recipe_name": name, "train": train, "sft": sft, "lora": lora}
+
+
+def expand(patterns, key: str) -> list[Path]:
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    paths = []
+    for pat in patterns:
+        found = sorted(glob.glob(pat))
+        if not found:
+            raise InputError(f"train.{key}: {pat!r} matches no file")
+        paths += [Path(p) for p in found]
+    return paths
+
+
+def load_rows(train: dict) -> tuple[dict, list[tuple[str, dict]], list[Path], dict]:
+    """Requests by id, (location, row) pairs, the input files, and counts of what was skipped."""
+    from ..sidecar.rows import build_rows, label_from_call
+
+    req_files = expand(train["requests"], "requests")
+    requests: dict[str, dict] = {}
+    for path in req_files:
+        for line, req in iter_jsonl(path):
+            if req.get("id") in requests:
+                raise InputError(f"{path}:{line} (record {req.get('id')}): duplicate request id")
+            requests[req.get("id")] = req
+    skipped = {"no_gold": 0, "gold_errors": 0, "gold_not_offered": 0}
+    rows: list[tuple[str, dict]] = []
+    row_files: list[Path] = []
+    if train["gold_rows"]:
+        for rid, req in requests.items():
+            if not req.get("gold"):
+                skipped["no_gold"] += 1
+            elif req.get("gold_errors"):
+                skipped["gold_errors"] += 1
+            else:
+                try:
+                    label = label_from_call(req, req["gold"][0])
+                except ValueError:
+                    skipped["gold_not_offered"] += 1
+                    continue
+                rows += [(f"gold:{rid}", row) for row in build_rows(req, label, compact=train["compact"])]
+    else:
+        row_files = expand(train["rows"], "rows")
+        for path in row_files:
+            rows += [(f"{path}:{line}", row) for line, row in iter_jsonl(path)]
+    if train["max_requests"]:
+        keep = list(dict.fromkeys(row.get("request_id") for _, row in rows))[: int(train["max_requests"])]
+        keep = set(keep)
+        rows = [(loc, row) for loc, row in rows if row.get("request_id") in keep]
+    return requests, rows, req_files + row_files, skipped
+
+
+def last_checkpoint(out: Path) -> Path | None:
+    """The newest checkpoint-N that was written completely (trainer_state.json is saved last)."""
+    done = [p for p in out.glob("checkpoint-*") if (p / "trainer_state.json").is_file() and p.name[11:].isdigit()]
+    return max(done, key=lambda p: int(p.name[11:]), default=None)
+
+
+def plot_loss(log_history: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [(h["step"], h["loss"]) for h in log_history if "loss" in h]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if points:
+        ax.plot(*zip(*points), marker=".")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("answer-token loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def run(resolved: dict, recipe_path: str | None) -> Path:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig
+
+    from ..sidecar.packing import PackedCollator, pack_rows
+    from ..sidecar.trainer import PackedSFTTrainer
+
+    train, sft_kw, lora_kw = resolved["train"], resolved["sft"], resolved["lora"]
+    out = Path(sft_kw["output_dir"])
+
+    # Load data
+    requests, rows, inputs, skipped = load_rows(train)
+    if not rows:
+        raise InputError(f"train: no rows to train on (skipped requests: {skipped})")
+    tokenizer = AutoTokenizer.from_pretrained(train["model"])
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    args = SFTConfig(**{"report_to": "none", **sft_kw, **FORCED_SFT})
+    sequences, stats = pack_rows(tokenizer, requests, rows, train["compact"], train["chat_template_kwargs"],
+                                 args.max_length, float(train["null_keep"]), args.seed, progress=True)
+    if not sequences:
+        raise InputError(f"train: every row was dropped ({stats}); raise sft.max_length")
+    for s in sequences:
+        s["length"] = len(s["input_ids"])
+    dataset = Dataset.from_list(sequences)
+    print(f"packed {stats['rows_kept']} rows of {stats['requests']} requests into {stats['sequences']} sequences: "
+          f"{stats['tokens']} tokens instead of {stats['unpacked_tokens']} one by one", file=sys.stderr)
+
+    # Load model
+    dtype = train["dtype"] if train["dtype"] == "auto" else getattr(torch, train["dtype"])
+    model = AutoModelForCausalLM.from_pretrained(train["model"], dtype=dtype,
+                                                 attn_implementation=train["attn_implementation"])
+    lora = LoraConfig(**{"task_type": "CAUSAL_LM", **lora_kw})
+
+    # Train
+    trainer = PackedSFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                               peft_config=lora, data_collator=PackedCollator(tokenizer.pad_token_id))
+    ckpt = last_checkpoint(out)
+    if ckpt is not None:
+        print(f"resuming from {ckpt}", file=sys.stderr)
+    result = trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+
+    # Save: adapter + tokenizer into a temporary folder, then moved into place; manifest last
+    final_tmp = out / ".final.partial"
+    trainer.save_model(str(final_tmp))
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(str(final_tmp))
+        for f in final_tmp.iterdir():
+            os.replace(f, out / f.name)
+        shutil.rmtree(final_tmp, ignore_errors=True)
+        with open(out / "recipe.yaml", "w", encoding="utf-8") as f:
+            f.write(f"# resolved from {recipe_path}\n" + yaml.safe_dump(resolved, sort_keys=False))
+        runtime = result.metrics.get("train_runtime") or 0.0
+        seq_per_s = result.metrics.get("train_samples_per_second") or 0.0
+        rows_per_seq = stats["rows_kept"] / max(stats["sequences"], 1)
+        metrics = {"train": result.metrics, "pack": stats, "skipped_requests": skipped,
+                   "rows_per_second": seq_per_s * rows_per_seq,
+                   "epoch_rows": stats["rows_kept"], "global_step": trainer.state.global_step,
+                   "resumed_from": ckpt.name if ckpt else None, "runtime_s_this_run": runtime,
+                   "world_size": trainer.accelerator.num_processes, "log_history": trainer.state.log_history}
+        write_json(out / "metrics.json", metrics)
+        plot_loss(trainer.state.log_history, out / "loss.png", f"sidecar {resolved['recipe_name']}")
+        write_manifest(out, STAGE, resolved, inputs, extra={"recipe": recipe_path,
+                                                           "metrics": {k: v for k, v in metrics.items()
+                                                                       if k != "log_history"}})
+    return out
+
+
+def _same_recipe(a: dict, b: dict) -> bool:
+    def norm(c):
+        c = json.loads(json.dumps(c))
+        c.get("train", {}).pop("overwrite", None)
+        return c
+    return norm(a) == norm(b)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default=DEFAULT_RECIPE)
+    ap.add_argument("overrides", nargs="*", help="section.key=value, e.g. sft.learning_rate=2e-4 train.null_keep=0.3")
+    a = ap.parse_args(argv)
+    resolved = resolve(load_recipe(a.recipe, a.overrides), a.recipe or "recipe")
+    out = Path(resolved["sft"]["output_dir"])
+    manifest = out / "manifest.json"
+    if manifest.is_file():
+        done = read_json(manifest).get("config") or {}
+        if _same_recipe(done, resolved):
+            print(f"{out}: already trained with this recipe (delete {manifest} to retrain)")
+            return 0
+        if not resolved["train"]["overwrite"]:
+            raise InputError(f"{out}: holds an adapter trained with a different recipe; pass train.overwrite=true "
+                             "to retrain it, or choose another sft.output_dir")
+        shutil.rmtree(out, ignore_errors=True)
+    print(run(resolved, a.recipe))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""The upload stage: publish a sidecar adapter folder to the Hugging Face Hub with a generated model card.
+
+Run as: python -m pipeline.stages.upload --adapter checkpoints/sidecar/<recipe>/ --repo user/name [--dry-run] [--private]
+                                         [--base-model HUB_ID]
+
+What goes up (one `upload_folder` commit into a repo made with `create_repo(exist_ok=True)`): the peft adapter, the
+tokenizer, the resolved recipe, metrics, the loss curve, `accuracy.json/.md` when `make sidecar-eval` wrote them, and
+README.md — the model card generated here (base model, training data and licenses, recipe, accuracy table, usage
+with peft and with vLLM `--enable-lora`). Trainer checkpoints, optimizer states, pickles and per-request
+predictions stay local (IGNORE_PATTERNS).
+
+Token: HF_TOKEN or the cached `huggingface-cli login` (`huggingface_hub.get_token()`); without one the stage stops
+before it reads or writes anything. `--dry-run` needs no token: it writes the card into the adapter folder and lists
+the files an upload would send. A record of each run (files, repo, commit) goes to <adapter>/upload/manifest.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import yaml
+from huggingface_hub import HfApi, get_token
+from huggingface_hub.utils import filter_repo_objects
+
+from ..io import InputError, atomic_open, read_json, write_manifest
+from ..recipes import load_recipe, section
+
+IGNORE_PATTERNS = ["checkpoint-*", "checkpoint-*/**", "runs/**", "upload/**", "*.pt", "*.pth", "training_args.bin",
+                   "rng_state*", "*.partial", "*.tmp", "*.predictions.jsonl", ".*", "**/.*"]
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+RECIPE_FILES = ("recipe.yaml", "recipe.yml", "resolved_recipe.yaml", "config.yaml", "recipe.json")
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+# (source, license, note) of the data the sidecar's rows come from; see ../shared/data/<source>/README.md
+TRAINING_DATA = [
+    ("BFCL v4 (Berkeley Function Calling Leaderboard)", "Apache-2.0", ""),
+    ("Seal-Tools", "Apache-2.0", ""),
+    ("API-Bank", "Apache-2.0", "api-bank/LICENSE (the repository root is MIT)"),
+    ("ToolAlpaca", "Apache-2.0", "GPT-generated; some consider data derived from it non-commercial"),
+]
+
+
+class MissingToken(RuntimeError):
+    pass
+
+
+def require_token() -> str:
+    token = get_token()
+    if not token:
+        raise MissingToken("no Hugging Face token: set HF_TOKEN or run `huggingface-cli login` "
+                           "(or use --dry-run to write the card without uploading)")
+    return token
+
+
+def check_adapter(adapter: Path) -> None:
+    if not adapter.is_dir():
+        raise InputError(f"{adapter}: adapter folder not found (expected checkpoints/sidecar/<recipe>/ from `make train`)")
+    if not (adapter / "adapter_config.json").is_file():
+        raise InputError(f"{adapter / 'adapter_config.json'}: missing; {adapter} is not a peft adapter folder")
+    if not any((adapter / w).is_file() for w in ADAPTER_WEIGHTS):
+        raise InputError(f"{adapter}: no adapter weights (expected one of {list(ADAPTER_WEIGHTS)})")
+    if not (adapter / "tokenizer_config.json").is_file():
+        raise InputError(f"{adapter / 'tokenizer_config.json'}: missing; the adapter folder must carry its tokenizer")
+
+
+def find_recipe(adapter: Path) -> tuple[Path | None, dict | None]:
+    for name in RECIPE_FILES:
+        path = adapter / name
+        if path.is_file():
+            text = path.read_text()
+            try:
+                recipe = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+            except (json.JSONDecodeError, yaml.YAMLError) as e:
+                raise InputError(f"{path}: unreadable recipe ({e})") from e
+            return path, recipe if isinstance(recipe, dict) else None
+    return None, None
+
+
+def upload_files(adapter: Path) -> list[str]:
+    """Files (relative, sorted) that `upload_folder` sends with IGNORE_PATTERNS — the same filter it applies."""
+    files = [p.relative_to(adapter).as_posix() for p in adapter.rglob("*") if p.is_file()]
+    return sorted(filter_repo_objects(files, ignore_patterns=IGNORE_PATTERNS))
+
+
+def looks_like_hub_id(name: str | None) -> bool:
+    return bool(name) and REPO_ID.match(name) is not None and not Path(name).exists()
+
+
+def model_card(repo: str, adapter_config: dict, recipe_path: Path | None, recipe: dict | None,
+               accuracy: dict | None, base_model: str | None = None) -> str:
+    """README.md of the Hub repo (pure: everything comes in as arguments)."""
+    from ..sidecar.accuracy import markdown_table
+
+    base = base_model or adapter_config.get("base_model_name_or_path") or "unknown"
+    front = {"library_name": "peft", "license": "apache-2.0", "pipeline_tag": "text-generation",
+             "tags": ["lora", "peft", "tool-calling", "speculative-decoding", "ooo-spec"]}
+    if looks_like_hub_id(base):
+        front["base_model"] = base
+    rank, alpha = adapter_config.get("r"), adapter_config.get("lora_alpha")
+    targets = adapter_config.get("target_modules")
+    targets = ", ".join(sorted(targets)) if isinstance(targets, list) else targets
+    lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
+             f"# {repo.split('/')[-1]}", "",
+             "An OoO-Spec sidecar: a LoRA adapter that turns a small model into a parallel tool-call slot predictor "
+             "(OoO-Spec, arXiv 2608.00814). When a tool-calling request arrives it answers, in one batched wave that "
+             "shares the prompt prefix, which tool is called and the JSON value of every parameter of every tool; "
+             "the join of those answers, `{\"tool_index\": i, \"arguments\": {...}}`, is a draft that a target model "
+             "verifies token by token (greedy output unchanged, only faster).", "",
+             "## Base model", "", f"`{base}`" + ("" if looks_like_hub_id(base) else
+                                                " (a local path when trained; load the same weights)"), "",
+             "## Training data", "",
+             "Rows are built from teacher tool calls on requests of these benchmarks' training splits; tools of the "
+             "evaluation benchmarks are kept out of training.", "",
+             "| source | license | note |", "|---|---|---|"]
+    lines += [f"| {name} | {lic} | {note} |" for name, lic, note in TRAINING_DATA]
+    lines += ["", "## Recipe", "",
+              f"LoRA r={rank}, alpha={alpha}, dropout={adapter_config.get('lora_dropout')}, "
+              f"target modules: {targets}."]
+    if recipe is not None:
+        lines += ["", f"Resolved recipe (`{recipe_path.name}`):", "", "```yaml",
+                  yaml.safe_dump(recipe, sort_keys=False).strip(), "```"]
+    else:
+        lines += ["", "The resolved recipe was not found in the adapter folder."]
+    lines += ["", "## Accuracy", ""]
+    if accuracy and accuracy.get("summary"):
+        lines += [f"Against {accuracy.get('reference', 'gold')} calls; slot EM over the reference tool's parameters "
+                  "(BFCL acceptable values where present), null P/R with `null` as the positive class, "
+                  "call EM on the joined payload, wave latency on the evaluating machine.", "",
+                  markdown_table(accuracy["summary"]).strip()]
+    else:
+        lines += ["Not measured yet (`make sidecar-eval`)."]
+    lines += ["", "## Usage", "", "With peft:", "", "```python",
+              "from peft import PeftModel",
+              "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+              f"tokenizer = AutoTokenizer.from_pretrained(\"{repo}\")",
+              f"model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"{base}\"), \"{repo}\")",
+              "```", "",
+              "The one-wave predictor of the OoO-Spec pipeline (prompts, shared-prefix batch, join):", "",
+              "```python", "from pipeline.sidecar.wave import SlotWave", "",
+              f"wave = SlotWave(\"{base}\", adapter=\"<local copy of {repo}>\")",
+              "prediction = wave.predict(request)  # canonical request: messages + tools",
+              "prediction.payload  # {\"tool_index\": ..., \"arguments\": {...}}", "```", "",
+              "With vLLM (LoRA serving; a wave is one batched completions request and prefix caching shares the "
+              "prompt prefix):", "", "```bash",
+              f"vllm serve {base} --enable-lora --lora-modules sidecar={repo} --max-lora-rank {max(8, rank or 8)} "
+              "--enable-prefix-caching", "```", ""]
+    return "\n".join(lines)
+
+
+def adapter_from_recipe(recipe_path: str) -> Path:
+    """checkpoints/sidecar/<recipe>/ of a sidecar recipe (its `sft.output_dir` when the recipe sets one)."""
+    recipe = load_recipe(recipe_path)
+    out = section(recipe, "sft").get("output_dir")
+    return Path(out) if out else Path("checkpoints/sidecar") / recipe["recipe_name"]
+
+
+def upload(adapter: str | Path, repo: str, *, dry_run: bool = False, private: bool = False,
+           base_model: str | None = None, commit_message: str = "Upload OoO-Spec sidecar adapter") -> dict:
+    """Write the card into `adapter`, then create `repo` and upload the folder (or, dry run, list the files)."""
+    token = None if dry_run else require_token()  # before anything else
+    if not REPO_ID.match(repo):
+        raise InputError(f"--repo {repo!r}: expected a Hub repo id of the form user/name")
+    adapter = Path(adapter)
+    check_adapter(adapter)
+
+    # Card
+    adapter_config = read_json(adapter / "adapter_config.json")
+    recipe_path, recipe = find_recipe(adapter)
+    accuracy = read_json(adapter / "accuracy.json") if (adapter / "accuracy.json").is_file() else None
+    base = base_model or adapter_config.get("base_model_name_or_path")
+    if not looks_like_hub_id(base):
+        print(f"note: base model {base!r} is not a hub id; pass --base-model to name it in the card's metadata")
+    with atomic_open(adapter / "README.md") as f:
+        f.write(model_card(repo, adapter_config, recipe_path, recipe, accuracy, base_model))
+    files = upload_files(adapter)
+
+    # Upload
+    record = {"repo": repo, "private": private, "dry_run": dry_run, "files": files}
+    if dry_run:
+        print(f"dry run: wrote {adapter / 'README.md'}; would upload {len(files)} files to {repo}:")
+        print("\n".join(f"  {f}" for f in files))
+    else:
+        api = HfApi(token=token)
+        repo_url = api.create_repo(repo, private=private, exist_ok=True)
+        commit = api.upload_folder(repo_id=repo, folder_path=str(adapter), ignore_patterns=IGNORE_PATTERNS,
+                                   commit_message=commit_message)
+        record.update(repo_url=str(repo_url), commit_url=getattr(commit, "commit_url", None))
+        print(f"uploaded {len(files)} files to {repo_url} ({record['commit_url']})")
+    config = {"adapter": str(adapter), "repo": repo, "dry_run": dry_run, "private": private, "base_model": base_model}
+    write_manifest(adapter / "upload", "upload", config, inputs=[adapter / f for f in files], extra=record)
+    return record
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.stages.upload", description=__doc__.splitlines()[0])
+    ap.add_argument("--adapter", help="adapter folder, e.g. checkpoints/sidecar/<recipe>/")
+    ap.add_argument("--recipe", help="sidecar recipe: the adapter is checkpoints/sidecar/<recipe name>/")
+    ap.add_argument("--repo", required=True, help="Hub repo id, user/name")
+    ap.add_argument("--dry-run", action="store_true", help="write the card and list the files; upload nothing")
+    ap.add_argument("--private", action="store_true")
+    ap.add_argument("--base-model", help="hub id of the base model for the card (default: the adapter's base)")
+    ap.add_argument("--commit-message", default="Upload OoO-Spec sidecar adapter")
+    args = ap.parse_args(argv)
+    if not args.adapter and not args.recipe:
+        ap.error("pass --adapter DIR or --recipe PATH")
+    try:
+        adapter = args.adapter or adapter_from_recipe(args.recipe)
+        return upload(adapter, args.repo, dry_run=args.dry_run, private=args.private, base_model=args.base_model,
+                      commit_message=args.commit_message)
+    except (InputError, MissingToken) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""The join: answers -> payload (function index, schema-checked slots, compact JSON, byte size)."""
+
+import json
+from pathlib import Path
+
+from pipeline.sidecar.join import (answer_from_json, answer_json, encode_payload, join, join_answers, parse_answers,
+                                   payload_bytes)
+from pipeline.sidecar.rows import UNKNOWN, Unknown, wave_questions
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests.jsonl"
+REQUESTS = [json.loads(line) for line in FIXTURES.read_text().splitlines() if line.strip()]
+HOTEL = REQUESTS[1]  # get_weather(city, unit enum), book_hotel(hotel, nights>=1, guests[str], options{...}), calculate
+
+
+def test_parse_answers_function_slots_and_unknown():
+    _, keys = wave_questions(HOTEL)
+    texts = ["1"] + ["null"] * (len(keys) - 1)
+    texts[keys.index(("slot", 1, "hotel"))] = '"Grand Hotel"'
+    texts[keys.index(("slot", 1, "nights"))] = "3 nights"  # not JSON
+    answers = parse_answers(keys, texts, n_tools=3)
+    assert answers[0] == {"kind": "function", "tool": None, "param": None, "text": "1", "value": 1}
+    by_key = {(a["tool"], a["param"]): a["value"] for a in answers[1:]}
+    assert by_key[(1, "hotel")] == "Grand Hotel"
+    assert isinstance(by_key[(1, "nights")], Unknown)
+    assert by_key[(0, "city")] is None
+    assert parse_answers([("function",)], ["3"], n_tools=3)[0]["value"] is None  # out of range
+    assert parse_answers([("function",)], ["true"], n_tools=3)[0]["value"] is None  # bool is not an index
+
+
+def test_join_keeps_valid_slots_of_the_chosen_tool_only():
+    slots = {(0, "city"): "Paris", (1, "hotel"): "Grand Hotel", (1, "nights"): 3, (1, "guests"): ["Ann", "Bob"],
+             (1, "options"): {"breakfast": True, "view": "sea"}, (2, "expression"): "1+1"}
+    j = join(HOTEL["tools"], 1, slots)
+    assert j.payload == {"tool_index": 1, "arguments": {"hotel": "Grand Hotel", "nights": 3, "guests": ["Ann", "Bob"],
+                                                        "options": {"breakfast": True, "view": "sea"}}}
+    assert j.dropped == [] and j.missing_required == [] and j.call_errors == []
+    # schema order of the tool, not the order of the answers
+    assert list(j.payload["arguments"]) == ["hotel", "nights", "guests", "options"]
+
+
+def test_join_drops_schema_invalid_null_and_unknown_slots():
+    slots = {(1, "hotel"): "Grand Hotel", (1, "nights"): 0,  # minimum 1
+             (1, "guests"): "Ann",  # not an array
+             (1, "options"): {"view": "mountain"},  # enum
+             (0, "unit"): "kelvin"}
+    j = join(HOTEL["tools"], 1, slots)
+    assert j.payload == {"tool_index": 1, "arguments": {"hotel": "Grand Hotel"}}
+    assert [d["param"] for d in j.dropped] == ["nights", "guests", "options"]
+    assert "minimum" in j.dropped[0]["reason"] or "less than" in j.dropped[0]["reason"]
+    assert j.missing_required == ["nights"]  # a draft may leave required parameters to the target
+
+    j = join(HOTEL["tools"], 1, {(1, "hotel"): None, (1, "nights"): UNKNOWN})
+    assert j.payload == {"tool_index": 1, "arguments": {}} and j.dropped == []
+    assert j.missing_required == ["hotel", "nights"]
+
+
+def test_join_without_a_valid_function_answer_has_no_payload():
+    for index in (None, -1, 3):
+        j = join(HOTEL["tools"], index, {(1, "hotel"): "Grand Hotel"})
+        assert j.payload is None
+    assert payload_bytes(None) == 0 and encode_payload(None) == ""
+
+
+def test_whole_call_check_resolves_refs_and_reports_root_errors():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "$defs": {"unit": {"enum": ["c", "f"]}},
+        "properties": {"u": {"$ref": "#/$defs/unit"}, "a": {"type": "integer"}, "b": {"type": "integer"}},
+        "dependentRequired": {"a": ["b"]}, "minProperties": 2, "required": ["u"]}}}
+    j = join([tool], 0, {(0, "u"): "x", (0, "a"): 1})
+    assert j.payload == {"tool_index": 0, "arguments": {"a": 1}}
+    assert j.dropped[0]["param"] == "u" and j.dropped[0]["reason"].startswith("call:")
+    assert j.missing_required == ["u", "b"]  # required, and b because a is present (dependentRequired)
+    assert len(j.call_errors) == 1 and "enough properties" in j.call_errors[0]
+    assert join([tool], 0, {(0, "u"): "c", (0, "a"): 1, (0, "b"): 2}).payload["arguments"] == {"u": "c", "a": 1, "b": 2}
+
+
+def test_payload_is_compact_json_and_bytes_count_utf8():
+    payload = {"tool_index": 0, "arguments": {"city": "Zürich", "unit": "celsius"}}
+    assert encode_payload(payload) == '{"tool_index":0,"arguments":{"city":"Zürich","unit":"celsius"}}'
+    assert payload_bytes(payload) == len(encode_payload(payload)) + 1  # ü is two bytes
+
+
+def test_join_answers_end_to_end_and_json_round_trip():
+    _, keys = wave_questions(REQUESTS[0])
+    texts = {("function",): "0", ("slot", 0, "city"): '"Paris"', ("slot", 0, "unit"): '"fahrenheit"',
+             ("slot", 1, "expression"): '"2+2"', ("slot", 1, "precision"): "nul"}
+    answers = parse_answers(keys, [texts[k] for k in keys], 2)
+    j = join_answers(REQUESTS[0]["tools"], answers)
+    assert j.payload == {"tool_index": 0, "arguments": {"city": "Paris", "unit": "fahrenheit"}}
+    plain = [answer_json(a) for a in answers]
+    json.dumps(plain)  # serializable
+    assert plain[-1]["unknown"] is True and plain[-1]["value"] is None
+    back = [answer_from_json(a) for a in plain]
+    assert isinstance(back[-1]["value"], Unknown) and back[1]["value"] == "Paris"

@@ -1,0 +1,166 @@
+"""The traces stage: gold and transformers backends on tiny local models, resume, failures, config errors, vLLM."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.io import InputError, read_json, read_jsonl
+from pipeline.stages import traces
+from pipeline.testing import make_tiny_model_dir, make_tokenizer
+
+FIXTURE_REQUESTS = Path(__file__).parents[1] / "fixtures" / "requests.jsonl"
+ROW_KEYS = {"id", "teacher", "backend", "text", "prompt_tokens", "completion_tokens", "finish_reason", "latency_s",
+            "error"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok")
+    make_tokenizer().save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("models") / "tiny-qwen2", "qwen2")
+
+
+def make_data(root: Path, requests: list[dict] | None = None, split: str = "train") -> Path:
+    reqs = requests if requests is not None else read_jsonl(FIXTURE_REQUESTS)
+    path = root / "requests" / "fixture" / f"{split}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in reqs))
+    return root
+
+
+def recipe(tmp_path: Path, model, backend="gold", **traces_kw) -> Path:
+    import yaml
+
+    path = tmp_path / "teacher.yaml"
+    path.write_text(yaml.safe_dump({"teacher": "t", "data_dir": str(tmp_path), "splits": ["train"],
+                                    "traces": {"backend": backend, "model": str(model), **traces_kw}}))
+    return path
+
+
+def out_rows(tmp_path: Path, split="train") -> list[dict]:
+    return read_jsonl(tmp_path / "traces" / "t" / f"{split}.jsonl")
+
+
+def test_gold_backend_renders_the_templates_assistant_turn(tmp_path, tokenizer_dir):
+    make_data(tmp_path)
+    report = traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir))])
+    rows = {r["id"]: r for r in out_rows(tmp_path)}
+    assert report["train"]["written"] == 4 and report["train"]["errors"] == 0
+    assert set(rows) == {f"fixture/{i}" for i in range(4)} and all(set(r) == ROW_KEYS for r in rows.values())
+    assert rows["fixture/3"]["text"] == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n</tool_call>'
+    assert all(r["backend"] == "gold" and r["finish_reason"] == "gold" and r["prompt_tokens"] > 100
+               for r in rows.values())
+    manifest = read_json(tmp_path / "traces" / "t" / "manifest.json")
+    assert manifest["gold"] is True and manifest["stage"] == "traces"
+    assert list(manifest["inputs"]) == [str(tmp_path / "requests" / "fixture" / "train.jsonl")]
+    assert manifest["config"]["resolved"]["backend"] == "gold"
+
+
+def test_transformers_backend_tiny_model_end_to_end(tmp_path, tiny_dir):
+    make_data(tmp_path, read_jsonl(FIXTURE_REQUESTS)[:3])
+    path = recipe(tmp_path, tiny_dir, backend="transformers", batch_size=2, max_new_tokens=5, dtype="float32",
+                  threads=1)
+    report = traces.main(["--recipe", str(path)])
+    rows = out_rows(tmp_path)
+    assert sorted(r["id"] for r in rows) == ["fixture/0", "fixture/1", "fixture/2"]
+    assert all(r["error"] is None and r["backend"] == "transformers" for r in rows)
+    # random weights never emit end-of-turn: each answer runs to max_new_tokens
+    assert all(r["completion_tokens"] == 5 and r["finish_reason"] == "length" for r in rows)
+    assert report["train"]["completion_tokens"] == 15 and report["train"]["completion_tokens_per_s"] > 0
+    # longest prompts first, so the two longest share the first batch (same latency)
+    by_len = sorted(rows, key=lambda r: -r["prompt_tokens"])
+    assert by_len[0]["latency_s"] == by_len[1]["latency_s"]
+
+
+def test_batched_left_padded_generation_equals_one_by_one(tmp_path, tiny_dir):
+    reqs = read_jsonl(FIXTURE_REQUESTS)[:2]
+    cfg = traces.TracesConfig(teacher="t", model=str(tiny_dir), backend="transformers", max_new_tokens=6,
+                              dtype="float32", threads=1)
+    backend = traces.load_backend(cfg)
+    prepared = [(r, backend.prepare(r)) for r in reqs]
+    batched = backend.run(prepared)
+    alone = [backend.run([p])[0] for p in prepared]
+    assert [r["text"] for r in batched] == [r["text"] for r in alone]
+
+
+def test_resume_after_interrupted_run_no_duplicates_nothing_lost(tmp_path, tokenizer_dir, monkeypatch):
+    make_data(tmp_path)
+    path = recipe(tmp_path, tokenizer_dir, batch_size=1)
+    calls = {"n": 0}
+    real_run = traces.GoldBackend.run
+
+    def dying_run(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # killed mid-run
+        return real_run(self, batch)
+
+    monkeypatch.setattr(traces.GoldBackend, "run", dying_run)
+    with pytest.raises(KeyboardInterrupt):
+        traces.main(["--recipe", str(path)])
+    partial = tmp_path / "traces" / "t" / "train.jsonl.partial"
+    assert not (tmp_path / "traces" / "t" / "train.jsonl").exists()
+    assert len(read_jsonl(partial)) == 2
+    with open(partial, "a") as f:
+        f.write('{"id": "fixture/9", "text": "torn')  # a line cut by the kill
+    monkeypatch.setattr(traces.GoldBackend, "run", real_run)
+    report = traces.main(["--recipe", str(path)])
+    assert report["train"]["already_done"] == 2 and report["train"]["written"] == 2
+    ids = [r["id"] for r in out_rows(tmp_path)]
+    assert sorted(ids) == [f"fixture/{i}" for i in range(4)]
+    # a finished run is reopened, not redone
+    assert traces.main(["--recipe", str(path)])["train"]["written"] == 0
+    assert len(out_rows(tmp_path)) == 4
+
+
+def test_failing_requests_are_recorded_and_the_stage_goes_on(tmp_path, tokenizer_dir):
+    reqs = read_jsonl(FIXTURE_REQUESTS)
+    reqs[1]["gold"] = []                                              # gold backend cannot render it: fails at run
+    reqs[2]["messages"] = reqs[2]["messages"] * 40                    # prompt longer than max_model_len: fails early
+    make_data(tmp_path, reqs)
+    report = traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir, batch_size=4, max_model_len=1000))])
+    rows = {r["id"]: r for r in out_rows(tmp_path)}
+    assert report["train"]["written"] == 4 and report["train"]["errors"] == 2
+    assert rows["fixture/1"]["error"] == "ValueError: request has no gold call"
+    assert "exceeds max_model_len 1000" in rows["fixture/2"]["error"] and rows["fixture/2"]["finish_reason"] == "error"
+    assert rows["fixture/0"]["error"] is None and rows["fixture/3"]["error"] is None
+
+
+def test_limit_is_a_seeded_sample_that_grows_by_extension(tmp_path):
+    reqs = [dict(read_jsonl(FIXTURE_REQUESTS)[0], id=f"r/{i}") for i in range(30)]
+    make_data(tmp_path, reqs)
+    files = traces.request_files(tmp_path, "all", "train")
+    small = [r["id"] for r in traces.load_requests(files, limit=5, seed=0)]
+    large = [r["id"] for r in traces.load_requests(files, limit=12, seed=0)]
+    assert large[:5] == small and small != [f"r/{i}" for i in range(5)]
+
+
+def test_bad_inputs_name_file_line_and_expectation(tmp_path, tokenizer_dir):
+    reqs = read_jsonl(FIXTURE_REQUESTS)
+    make_data(tmp_path, reqs + [reqs[0]])
+    with pytest.raises(InputError, match=r"train.jsonl:5 \(record fixture/0\): duplicate id"):
+        traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir))])
+    with pytest.raises(InputError, match="unknown key.*batchsize.*expected one of"):
+        traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir)), "traces.batchsize=2"])
+    with pytest.raises(InputError, match="no request files for split 'dev'"):
+        traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir)), "splits=[dev]"])
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="vllm is not importable in this environment (it lives in .venv-vllm: make vllm-setup)")
+def test_vllm_backend_tiny_model(tmp_path, tiny_dir):
+    make_data(tmp_path, read_jsonl(FIXTURE_REQUESTS)[:2])
+    path = recipe(tmp_path, tiny_dir, backend="vllm", max_new_tokens=4, dtype="float32", max_model_len=2048,
+                  vllm_kwargs={"enforce_eager": True}, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    traces.main(["--recipe", str(path)])
+    rows = out_rows(tmp_path)
+    assert sorted(r["id"] for r in rows) == ["fixture/0", "fixture/1"]
+    assert all(r["error"] is None and r["completion_tokens"] == 4 and r["backend"] == "vllm" for r in rows)
