@@ -99,7 +99,9 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
                                                  / new, 4) if new else None
                 pb = [r["payload_bytes"] for r in mrows.values() if r.get("payload_bytes")]
                 m["payload_bytes_mean"] = round(statistics.fmean(pb), 1) if pb else None
-                first = [r["first_value_s"] for r in mrows.values() if r.get("first_value_s") is not None]
+                # the target's own time to its first argument value (from its ar decode): a hint that is ready
+                # later than this can only help with the values that come after
+                first = [r["first_value_s"] for r in ar.values() if r.get("first_value_s") is not None]
                 m["first_value_s_median"] = round(statistics.median(first), 3) if first else None
             cell["methods"][method] = m
         out["cells"].append(cell)
