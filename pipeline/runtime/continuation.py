@@ -214,6 +214,8 @@ def _inner(w: Writer, pos: JsonPos, v, top: Frame, depth: int, at_root: bool) ->
         return cat(cat(iter([(":" + w.s.colon, True)]), lambda: w.value(item, depth + 1)), after)
     if st == "value":
         return cat(cat(iter([(w.s.colon if pos.last == ":" else "", True)]), lambda: w.value(item, depth + 1)), after)
+    if isinstance(item, Open) and not item.head and pos.partial[:1] != '"':
+        return after()  # an unknown number or literal: speculate that it ends here
     return cat(_strip(w.value(item, depth + 1), pos.partial), after)  # in_value
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import islice
@@ -99,15 +100,25 @@ class PromptLookup:
 
 
 class History:
-    """Earlier committed outputs of a run (each led by the end of its prompt), as one n-gram index."""
+    """Earlier committed outputs of a run: one n-gram index over them (each led by the end of its prompt), and
+    the call formats the target was seen to write (its opening, closing and JSON style), most frequent first."""
 
     LEAD = 3
 
     def __init__(self):
         self.index = NgramIndex(n_max=6, n_min=2)
+        self.seen: Counter = Counter()
 
-    def add(self, prompt: list[int], output: list[int]) -> None:
+    def add(self, prompt: list[int], output: list[int], text: str | None = None) -> None:
         self.index.extend(prompt[-self.LEAD:] + output + [-1])  # -1 keeps matches inside one output
+        pos = scan(text) if text is not None else None
+        if pos is not None and pos.calls and pos.style.indent is not None:
+            self.seen[CallFormat("observed", pos.prefix, pos.suffix, pos.style.variants()[0])] += 1
+
+    def formats(self, base: list[CallFormat]) -> list[CallFormat]:
+        """The observed formats first, then `base` (without repeats)."""
+        out = [f for f, _ in self.seen.most_common(3)]
+        return out + [f for f in base if all((f.prefix, f.style) != (g.prefix, g.style) for g in out)]
 
 
 class HistoryDrafter:

@@ -28,7 +28,7 @@ SCALAR_CHARS = set("0123456789+-.eEtruefalsn")
 WS = " \t\r\n"
 
 
-@dataclass
+@dataclass(unsafe_hash=True)  # hashed only once complete (CallFormat keys); the scanner fills it in place
 class Style:
     """How the output writes JSON. None = not seen yet (the drafters try the usual choices)."""
 

@@ -21,7 +21,7 @@ from .target import Target
 from .verify import accept, best_chain, build_tree, truncate_at_stop
 
 METHODS = ("ar", "pld", "toolspec", "ooo", "ooo-oracle")
-HINT, SCHEMA, HISTORY, LOOKUP = 1, 2, 4, 8
+HINT, SCHEMA, HISTORY, LOOKUP, EXTRA = 1, 2, 4, 8, 16
 
 
 @dataclass
@@ -78,7 +78,7 @@ def _drafters(target: Target, request: dict, method: str, prompt: list[int], pen
         return []
     if method == "pld":
         return [(PromptLookup(prompt, k=10, max_cands=1), LOOKUP)]
-    formats = call_formats(target.tokenizer)
+    formats = history.formats(call_formats(target.tokenizer))
     out = [(SchemaDrafter(request, formats), SCHEMA), (HistoryDrafter(history), HISTORY),
            (PromptLookup(prompt, k=10, max_cands=2), LOOKUP)]
     if method in ("ooo", "ooo-oracle"):
@@ -88,7 +88,7 @@ def _drafters(target: Target, request: dict, method: str, prompt: list[int], pen
 
 def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *, max_new_tokens: int = 256,
              max_nodes: int = 32, max_depth: int = 24, history: History | None = None, oracle=None,
-             validate_hint: bool = True) -> Result:
+             validate_hint: bool = True, extra_drafters: list | None = None) -> Result:
     """Decode `request` greedily with `method`; the tokens equal `ar`'s for every method and any sidecar.
 
     sidecar: for "ooo", a `Sidecar` (started here, when the request arrives) or an already started hint
@@ -96,6 +96,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     oracle: for "ooo-oracle", the `ar` Result (or its text) whose call becomes the hint; None runs `ar` first.
     history: earlier outputs for the history drafter; default: the target's per-method history of this run.
     max_nodes / max_depth: the token tree's size and depth per round (root included in max_nodes).
+    extra_drafters: more drafters (anything with `propose(ctx) -> list[list[int]]`), tried before the method's.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
@@ -111,6 +112,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     stats.prompt_tokens = len(prompt)
     drafters = _drafters(target, request, method, prompt, pending, started, history, validate_hint)
     hint = drafters[0][0] if drafters and isinstance(drafters[0][0], HintDrafter) else None
+    drafters = [(d, EXTRA) for d in extra_drafters or []] + drafters
     eos = target.tokenizer.eos_token_id if target.tokenizer.eos_token_id in target.stop_ids else None
     make_tree = build_tree if target.tree else best_chain
 
@@ -152,6 +154,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     stats.new_tokens = len(output)
     if hint is not None:  # a hint that arrives after the last round is "not ready" (hint_ready_s None)
         stats.hint_ready_s, stats.payload_bytes, stats.hint_error = hint.ready_s, hint.bytes, hint.error
-    history.add(prompt, output)
     body = output[:-1] if output and output[-1] in target.stop_ids else output
-    return Result(target.decode(body), output, stats)
+    text = target.decode(body)
+    history.add(prompt, output, text)
+    return Result(text, output, stats)

@@ -59,3 +59,9 @@ def payload_from_call(call: dict, tools: list[dict]) -> dict | None:
 
     index = find_tool(tools, call["name"])
     return None if index is None else {"tool_index": index, "arguments": call["arguments"]}
+
+
+def gold_payload(request: dict) -> dict | None:
+    """The payload of the request's first gold call (a wave for `--hint gold`; clearly not a sidecar)."""
+    gold = request.get("gold") or []
+    return payload_from_call(gold[0], request.get("tools") or []) if gold else None

@@ -225,16 +225,18 @@ class SlotWave:
         stop = torch.tensor(self.stop_ids, device=dev)
         tokens: list[list[int]] = [[] for _ in range(n_rows)]
         rows = torch.arange(n_rows, device=dev)
+        done = torch.zeros(n_rows, dtype=torch.bool, device=dev)  # per live row: it has emitted its stop token
         for step in range(self.max_value_tokens):
-            for r, t in zip(rows.tolist(), next_tok.tolist()):
-                tokens[r].append(t)
-            live = ~torch.isin(next_tok, stop)
-            if step == self.max_value_tokens - 1 or not live.any():
+            for r, t, d in zip(rows.tolist(), next_tok.tolist(), done.tolist()):
+                if not d:
+                    tokens[r].append(t)
+            done = done | torch.isin(next_tok, stop)
+            if step == self.max_value_tokens - 1 or done.all():
                 break
-            if self.prune_finished and not live.all():
-                keep = live.nonzero().squeeze(1)
+            if self.prune_finished and done.any():
+                keep = (~done).nonzero().squeeze(1)
                 cache.batch_select_indices(keep)
-                rows, next_tok, next_pos, mask = rows[keep], next_tok[keep], next_pos[keep], mask[keep]
+                rows, next_tok, next_pos, mask, done = rows[keep], next_tok[keep], next_pos[keep], mask[keep], done[keep]
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
             out = self.model(input_ids=next_tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                              cache=cache, use_cache=True)

@@ -112,10 +112,14 @@ def model_card(repo: str, adapter_config: dict, recipe_path: Path | None, recipe
              "## Base model", "", f"`{base}`" + ("" if looks_like_hub_id(base) else
                                                 " (a local path when trained; load the same weights)"), "",
              "## Training data", "",
-             "Rows are built from teacher tool calls on requests of these benchmarks' training splits; tools of the "
-             "evaluation benchmarks are kept out of training.", "",
+             "The SFT rows come from the pipeline's data stage over these sources (training splits only; a training "
+             "request whose tools occur in an evaluation benchmark is dropped) and the teacher's calls on them. "
+             "Which files this adapter saw is in the recipe below.", "",
              "| source | license | note |", "|---|---|---|"]
     lines += [f"| {name} | {lic} | {note} |" for name, lic, note in TRAINING_DATA]
+    seen = [f for key in ("requests", "rows") for f in _as_list(((recipe or {}).get("train") or {}).get(key))]
+    if seen:
+        lines += ["", "Training inputs: " + ", ".join(f"`{f}`" for f in seen) + "."]
     lines += ["", "## Recipe", "",
               f"LoRA r={rank}, alpha={alpha}, dropout={adapter_config.get('lora_dropout')}, "
               f"target modules: {targets}."]
@@ -146,7 +150,8 @@ def model_card(repo: str, adapter_config: dict, recipe_path: Path | None, recipe
               "With vLLM (LoRA serving; a wave is one batched completions request and prefix caching shares the "
               "prompt prefix):", "", "```bash",
               f"vllm serve {base} --enable-lora --lora-modules sidecar={repo} --max-lora-rank {max(8, rank or 8)} "
-              "--enable-prefix-caching", "```", ""]
+              "--enable-prefix-caching", "```", "",
+              "or in process: `pipeline.sidecar.vllm_backend.VllmWave(base, adapter_dir).predict(request)`.", ""]
     return "\n".join(lines)
 
 
@@ -192,6 +197,10 @@ def upload(adapter: str | Path, repo: str, *, dry_run: bool = False, private: bo
     config = {"adapter": str(adapter), "repo": repo, "dry_run": dry_run, "private": private, "base_model": base_model}
     write_manifest(adapter / "upload", "upload", config, inputs=[adapter / f for f in files], extra=record)
     return record
+
+
+def _as_list(value) -> list:
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,5 +1,9 @@
 """The slot wave: shared-prefix batch == each row run alone (float64, three families), adapter loading, predict
-wiring, and the vLLM backend (through a fake engine here; the real engine where vllm is importable)."""
+wiring, and the vLLM backend (through a fake engine here; the real engine where vllm is importable).
+
+The reference for "alone" recomputes prefix + suffix + answer so far from scratch at every step: no cache, no mask,
+no padding, nothing shared with the wave's code path.
+"""
 
 import json
 from pathlib import Path
@@ -9,26 +13,61 @@ import torch
 
 from pipeline.sidecar.rows import wave_questions
 from pipeline.sidecar.wave import SlotWave, load_sidecar, prompt_settings, wave_inputs
-from pipeline.testing import FAMILIES, make_tiny_model, make_tiny_model_dir
+from pipeline.testing import FAMILIES, make_tiny_model, make_tiny_model_dir, make_tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests.jsonl"
 REQUESTS = [json.loads(line) for line in FIXTURES.read_text().splitlines() if line.strip()]
 CAP = 5
 
 
-def alone(model, prefix, suffix, stop_ids, pad_id, cap=CAP):
-    """Greedy tokens of prefix + suffix run as one sequence with transformers' own generate."""
-    ids = torch.tensor([prefix + suffix])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=cap, do_sample=False,
-                         eos_token_id=stop_ids, pad_token_id=pad_id)
-    toks = out[0, ids.shape[1]:].tolist()
-    cut = next((i + 1 for i, t in enumerate(toks) if t in stop_ids), len(toks))
-    return toks[:cut]
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only fight over the shared cores
+    yield
+    torch.set_num_threads(threads)
+
+
+def alone(model, prefix, suffix, stop_ids, cap=CAP):
+    """Greedy tokens of prefix + suffix as one sequence, recomputed from scratch each step (no cache, no mask)."""
+    seq, toks = list(prefix + suffix), []
+    with torch.inference_mode():
+        for _ in range(cap):
+            toks.append(int(model(input_ids=torch.tensor([seq]), logits_to_keep=1).logits[0, -1].argmax()))
+            if toks[-1] in stop_ids:
+                break
+            seq.append(toks[-1])
+    return toks
+
+
+def is_greedy_alone(model, prefix, suffix, toks, stop_ids, cap=CAP):
+    """`toks` is what greedy decoding of prefix + suffix alone gives: one forward over the whole sequence (no
+    cache, no mask, no padding) must have each token as the argmax before it; the row ends at a stop or the cap."""
+    if not toks or any(t in stop_ids for t in toks[:-1]) or (len(toks) < cap and toks[-1] not in stop_ids):
+        return False
+    seq = prefix + suffix + toks
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([seq])).logits[0]
+    start = len(prefix) + len(suffix) - 1
+    return logits[start:start + len(toks)].argmax(-1).tolist() == toks
+
+
+def spread(model, seed, std=0.3):
+    """Redraw the matrices with a larger scale. At the default init (0.02) a tiny random model answers every row
+    with the same repeated token, which would make "wave == alone" hold trivially; at 0.3 rows differ."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * std)
+    return model
 
 
 @pytest.fixture(scope="module")
 def tiny_models():
-    return {fam: make_tiny_model(fam, dtype=torch.float64, seed=1) for fam in FAMILIES}
+    tok = make_tokenizer()
+    return {fam: (spread(make_tiny_model(fam, tokenizer=tok, dtype=torch.float64)[0], seed), tok)
+            for seed, fam in enumerate(FAMILIES)}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -41,8 +80,17 @@ def test_wave_equals_each_row_alone(tiny_models, family):
                                                       for t in request["tools"])
         assert len({len(s) for s in suffixes}) > 1  # rows of different lengths: left padding is exercised
         rows, timings = wave.run(prefix, suffixes)
-        assert rows == [alone(model, prefix, s, wave.stop_ids, wave.pad_id) for s in suffixes], request["id"]
+        assert len({tuple(r) for r in rows}) > 1  # rows answer differently: the comparison below is not vacuous
+        for suffix, toks in zip(suffixes, rows):
+            assert is_greedy_alone(model, prefix, suffix, toks, wave.stop_ids), (request["id"], toks)
         assert timings["prefill"] > 0 and timings["decode"] >= 0
+    # and, for one request, token for token what transformers' own generate gives for each row alone
+    prefix, suffixes, _ = wave_inputs(tok, REQUESTS[0])
+    for suffix, toks in zip(suffixes, wave.run(prefix, suffixes)[0]):
+        ids = torch.tensor([prefix + suffix])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=CAP, do_sample=False,
+                             eos_token_id=wave.stop_ids, pad_token_id=wave.pad_id)
+        assert out[0, ids.shape[1]:].tolist()[:len(toks)] == toks
 
 
 @pytest.mark.parametrize("family", ["qwen3"])
@@ -51,16 +99,16 @@ def test_rows_stop_at_their_own_stop_token_and_leave_the_batch(tiny_models, fami
     request = REQUESTS[1]
     prefix, suffixes, _ = wave_inputs(tok, request)
     free = SlotWave(model, tokenizer=tok, max_value_tokens=CAP).run(prefix, suffixes)[0]
-    # A token some rows emit mid-answer becomes the stop token: those rows must end there, the others run on.
+    # A token some rows (not all) emit mid-answer becomes the stop token: those rows end there, the others run on.
     counts = {}
     for row in free:
         for t in set(row[1:-1]):
             counts[t] = counts.get(t, 0) + 1
-    stop = max(counts, key=counts.get)
+    stop = max((t for t in counts if counts[t] < len(free)), key=counts.get)
     for prune in (True, False):
         wave = SlotWave(model, tokenizer=tok, max_value_tokens=CAP, stop_ids=[stop], prune_finished=prune)
         rows = wave.run(prefix, suffixes)[0]
-        assert rows == [alone(model, prefix, s, [stop], wave.pad_id) for s in suffixes]
+        assert rows == [alone(model, prefix, s, [stop]) for s in suffixes]
         assert any(len(r) < CAP for r in rows) and any(len(r) == CAP and stop not in r for r in rows)
 
 
@@ -69,6 +117,7 @@ def test_wave_with_adapter_from_folders_equals_rows_alone(tmp_path):
 
     base_dir = make_tiny_model_dir(tmp_path / "base", "qwen2")
     base, tok = load_sidecar(base_dir, dtype="float64")
+    spread(base, seed=5).save_pretrained(base_dir)
     lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
                                            init_lora_weights=False))  # random B: the adapter changes the outputs
     adapter = tmp_path / "adapter"
@@ -80,7 +129,8 @@ def test_wave_with_adapter_from_folders_equals_rows_alone(tmp_path):
     assert isinstance(wave.model, PeftModel)
     prefix, suffixes, _ = wave_inputs(wave.tokenizer, REQUESTS[0])
     rows = wave.run(prefix, suffixes)[0]
-    assert rows == [alone(wave.model, prefix, s, wave.stop_ids, wave.pad_id) for s in suffixes]
+    assert len({tuple(r) for r in rows}) > 1
+    assert all(is_greedy_alone(wave.model, prefix, s, t, wave.stop_ids) for s, t in zip(suffixes, rows))
     plain = SlotWave(base_dir, dtype="float64", max_value_tokens=CAP)
     assert plain.run(prefix, suffixes)[0] != rows  # the adapter is really applied
 
@@ -161,7 +211,7 @@ class FakeLLM:
         outs = []
         for p in prompts:
             toks = alone(self.model, p["prompt_token_ids"], [], sampling_params.stop_token_ids,
-                         self.tok.pad_token_id, cap=sampling_params.max_tokens)
+                         cap=sampling_params.max_tokens)
             outs.append(type("RequestOutput", (), {"outputs": [type("Completion", (), {"token_ids": toks})()]})())
         return outs
 
