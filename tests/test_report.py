@@ -1,0 +1,69 @@
+"""The eval report is recomputed from rows: speedups, accepted lengths, identity with ar, accuracy, flags."""
+
+import json
+
+import pytest
+
+from pipeline.report import bootstrap_ratio, render, summarize, to_markdown
+
+GOLD = [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+RIGHT = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```'
+WRONG = '{"name": "get_weather", "arguments": {"city": "Rome"}}'
+
+
+def row(method, rid, wall, decode, new, fwd, digest, text=RIGHT, **kw):
+    return {"key": f"t|b|{rid}|{method}", "target": "t", "benchmark": "b", "request_id": rid, "method": method,
+            "placement": "split", "text": text, "token_digest": digest, "new_tokens": new, "forwards": fwd,
+            "accepted_lengths": [new // fwd] * fwd, "prefill_s": wall - decode, "decode_s": decode, "wall_s": wall,
+            "gold": GOLD, "gold_accept": None, **kw}
+
+
+ROWS = [
+    row("ar", "r1", 10.0, 8.0, 40, 40, "a1", first_value_s=4.0),
+    row("ar", "r2", 6.0, 5.0, 20, 20, "a2", text=WRONG, first_value_s=3.0),
+    row("ooo", "r1", 4.0, 2.0, 40, 8, "a1", hint_ready_s=1.0, hint_tokens_accepted=20, payload_bytes=40),
+    row("ooo", "r2", 2.0, 1.0, 20, 4, "a2", hint_ready_s=2.0, hint_tokens_accepted=10, payload_bytes=60),
+    row("hf-pld", "r1", 8.0, 6.0, 40, 20, "a1"),
+    row("hf-pld", "r2", 8.0, 7.0, 21, 20, "DIFFERENT"),
+]
+
+
+def test_summary_numbers_are_recomputed():
+    s = summarize(ROWS, n_boot=200)
+    cell = s["cells"][0]
+    ooo = cell["methods"]["ooo"]
+    assert ooo["speedup"] == pytest.approx(16 / 6, abs=1e-3)  # ratio of summed wall times, not a mean of ratios
+    assert ooo["decode_speedup"] == pytest.approx(13 / 3, abs=1e-3)
+    assert ooo["mean_accepted"] == pytest.approx(60 / 12, abs=1e-3)
+    assert ooo["identical_to_ar"] == 1.0
+    assert ooo["hint_ready_s_median"] == pytest.approx(1.5)
+    assert ooo["first_value_s_median"] == pytest.approx(3.5)
+    assert ooo["hint_accepted_share"] == pytest.approx(30 / 60, abs=1e-3)
+    assert ooo["payload_bytes_mean"] == pytest.approx(50)
+    lo, hi = ooo["speedup_ci"]
+    assert lo <= ooo["speedup"] <= hi
+    assert cell["call_accuracy"] == 0.5 and cell["call_accuracy_n"] == 2
+    assert s["mean_over_cells"]["ar"] == 1.0
+
+
+def test_peer_that_differs_from_ar_is_flagged():
+    s = summarize(ROWS, n_boot=50)
+    pld = s["cells"][0]["methods"]["hf-pld"]
+    assert pld["identical_to_ar"] == 0.5 and pld["differs_from_ar"] == ["r2"]
+    md = to_markdown(s)
+    assert "Outputs that differ from ar" in md and "hf-pld: 1 request(s): r2" in md
+
+
+def test_bootstrap_interval_brackets_ratio():
+    lo, hi = bootstrap_ratio([1, 2, 3, 4], [1, 1, 1, 1], n=500)
+    assert lo <= 2.5 <= hi and lo < hi
+
+
+def test_render_writes_all_outputs(tmp_path):
+    with open(tmp_path / "rows.jsonl", "w") as f:
+        for r in ROWS:
+            f.write(json.dumps(r) + "\n")
+    render(tmp_path, n_boot=50)
+    for name in ("summary.md", "summary.csv", "summary.json", "speedup.png", "accepted_length.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "ooo" in (tmp_path / "summary.csv").read_text()
