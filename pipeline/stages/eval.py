@@ -66,7 +66,7 @@ def pin(cores: list[int]) -> None:
 
 
 def make_sidecar_wave(model: str, adapter: str | None = None, dtype: str = "bfloat16", cores: list[int] | None = None,
-                      max_value_tokens: int | None = None):
+                      max_value_tokens: int | None = None, device: str = "cpu"):
     """Sidecar factory run inside the worker process: pin it, load the wave once, return request -> payload."""
     if cores:
         pin(cores)
@@ -76,6 +76,8 @@ def make_sidecar_wave(model: str, adapter: str | None = None, dtype: str = "bflo
     if max_value_tokens:
         kw["max_value_tokens"] = max_value_tokens
     wave = SlotWave(model, adapter, **kw)
+    if device != "cpu":
+        wave.model.to(device)
 
     def predict(request: dict):
         return wave.predict(request).payload
@@ -184,7 +186,7 @@ def run(cfg: dict, recipe: dict) -> Path:
             if not todo:
                 continue
             pin(target_cores)
-            target = Target.load(tcfg["path"], dtype=tcfg.get("dtype", "bfloat16"))
+            target = Target.load(tcfg["path"], dtype=tcfg.get("dtype", "bfloat16"), device=tcfg.get("device", "cpu"))
             peers = None
             if set(methods) & set(PEER_METHODS):
                 peers = HFPeers(target, (cfg.get("assistant") or {}).get("path"), tcfg.get("dtype", "bfloat16"),
@@ -195,7 +197,8 @@ def run(cfg: dict, recipe: dict) -> Path:
                                   timeout_s=cfg["sidecar_timeout_s"],
                                   factory_kwargs={"model": sc["model"], "adapter": sc.get("adapter"),
                                                   "dtype": sc.get("dtype", "bfloat16"), "cores": sidecar_cores,
-                                                  "max_value_tokens": sc.get("max_value_tokens")})
+                                                  "max_value_tokens": sc.get("max_value_tokens"),
+                                                  "device": sc.get("device", "cpu")})
                 sidecar._ensure()  # load the sidecar model before the clock starts on the first request
             if cfg["warmup"]:
                 generate(target, todo[0][1], "ar", max_new_tokens=8)
