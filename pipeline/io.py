@@ -75,6 +75,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "w"):
             yield f
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; outputs should read like any other file
         os.replace(tmp, path)
     except BaseException:
         try:

