@@ -11,8 +11,9 @@ A call object may spell its arguments `arguments` or `parameters`, may nest them
 a JSON string (OpenAI style). The result lists every call found in text order with the format that produced them.
 
 `normalise_arguments(args, schema)` coerces a value only where the JSON Schema says what it must be ("5" -> 5 for an
-integer, "true" -> true for a boolean, 5 -> "5" for a string, an enum value in the wrong case, an explicit null for an
-optional parameter that may not be null) and returns what it changed, so the labels stage can report it.
+integer, "true" -> true for a boolean, 5 -> "5" for a string, an enum value in the wrong case or a boolean whose
+string form is the enum's, an explicit null for an optional parameter that may not be null) and returns what it
+changed, so the labels stage can report it.
 """
 
 from __future__ import annotations
@@ -162,6 +163,20 @@ def parse_bare_json(text: str) -> Parsed:
     return out
 
 
+def _jsonable(value: Any) -> tuple[bool, Any]:
+    """(ok, value with tuples as lists); literal_eval also yields sets, bytes, complex and Ellipsis, which are not."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True, value
+    if isinstance(value, (list, tuple)):
+        items = [_jsonable(v) for v in value]
+        return all(ok for ok, _ in items), [v for _, v in items]
+    if isinstance(value, dict):
+        items = {k: _jsonable(v) for k, v in value.items()}
+        return all(isinstance(k, str) for k in value) and all(ok for ok, _ in items.values()), {
+            k: v for k, (_, v) in items.items()}
+    return False, value
+
+
 def parse_python_calls(text: str) -> list[dict] | None:
     """`[name(key=value, ...), ...]` or `name(...)`: keyword arguments with literal values only; None otherwise."""
     text = text.strip()
@@ -185,11 +200,45 @@ def parse_python_calls(text: str) -> list[dict] | None:
             if kw.arg is None:
                 return None
             try:
-                args[kw.arg] = ast.literal_eval(kw.value)
+                ok, args[kw.arg] = _jsonable(ast.literal_eval(kw.value))
             except (ValueError, SyntaxError, TypeError, RecursionError):
+                return None
+            if not ok:
                 return None
         calls.append({"name": name, "arguments": args})
     return calls
+
+
+_KW_SPLIT = re.compile(r",\s*(?=[A-Za-z_]\w*\s*=)")
+_API_CALL_RE = re.compile(r"\[?\s*([A-Za-z_][\w.]*)\((.*)\)\s*\]?", re.S)
+
+
+def parse_api_bank_call(text: str) -> dict | None:
+    """API-Bank's own lenient reading of `Name(key='value', ...)`: values whose quotes do not nest, like
+    attendees='['John', 'Jane']', are read as the literal inside the quotes (else as the raw text)."""
+    m = _API_CALL_RE.fullmatch(text.strip())
+    if not m:
+        return None
+    name, inner = m.groups()
+    args = {}
+    for part in _KW_SPLIT.split(inner) if inner.strip() else []:
+        kv = re.fullmatch(r"\s*([A-Za-z_]\w*)\s*=\s*(.*?)\s*", part, re.S)
+        if not kv:
+            return None
+        key, raw = kv.groups()
+        for candidate in (raw, raw[1:-1] if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"" else None):
+            if candidate is None:
+                return None
+            try:
+                ok, value = _jsonable(ast.literal_eval(candidate))
+            except (ValueError, SyntaxError, TypeError, RecursionError):
+                ok, value = candidate is not raw, candidate  # unquoted raw text inside the quotes
+            if ok:
+                args[key] = value
+                break
+        else:
+            return None
+    return {"name": name, "arguments": args}
 
 
 def parse_api_request(text: str) -> Parsed:
@@ -198,7 +247,10 @@ def parse_api_request(text: str) -> Parsed:
     for m in API_REQUEST_RE.finditer(text):
         calls = parse_python_calls(m.group(1) + "]")
         if calls is None:
-            out.problems.append(f"API-Request: cannot read {m.group(1)[:80]!r}]")
+            call = parse_api_bank_call(m.group(1) + "]")
+            calls = [call] if call else None
+        if calls is None:
+            out.problems.append(f"API-Request: cannot read {(m.group(1) + ']')[:80]!r}")
             continue
         out.calls += calls
     out.format = "api_request" if out.calls else None
@@ -291,6 +343,11 @@ def normalise_value(value: Any, schema: Any, path: str = "") -> tuple[Any, list[
                 value = new
                 break
     enum = schema.get("enum")
+    if isinstance(enum, list) and isinstance(value, bool) and value not in enum:
+        same = [e for e in enum if isinstance(e, str) and e.lower() == str(value).lower()]
+        if len(same) == 1:  # BFCL: enum ["True", "False", "dontcare"] of type string, written as a JSON boolean
+            notes.append(f"{path or '<root>'}: {json.dumps(value)} -> {json.dumps(same[0])} (enum)")
+            value = same[0]
     if isinstance(enum, list) and isinstance(value, str) and value not in enum:
         same = [e for e in enum if isinstance(e, str) and e.lower() == value.lower()]
         if len(same) == 1:
@@ -333,4 +390,4 @@ def normalise_arguments(args: dict, parameters: dict) -> tuple[dict, list[str]]:
 
 
 __all__ = ["Parsed", "parse_calls", "parse_tags", "parse_fences", "parse_bare_json", "parse_api_request",
-           "parse_python_calls", "as_call", "normalise_arguments", "normalise_value"]
+           "parse_python_calls", "parse_api_bank_call", "as_call", "normalise_arguments", "normalise_value"]

@@ -117,6 +117,12 @@ def test_normalise_leaves_valid_and_unconvertible_values_alone():
     assert normalise_value(5.0, {"type": "integer"}) == (5, ["<root>: 5.0 -> 5 (integer)"])
 
 
+def test_boolean_written_for_a_string_enum_of_its_spelling():
+    schema = {"type": "string", "enum": ["True", "False", "dontcare"]}  # BFCL's smoking_allowed
+    assert normalise_value(False, schema) == ("False", ["<root>: false -> \"False\" (enum)"])
+    assert normalise_value(True, {"type": "string"}) == (True, [])     # no enum: nothing says how to spell it
+
+
 def test_null_for_optional_non_nullable_parameter_is_dropped_but_required_null_kept():
     args, notes = normalise_arguments({"n": None, "s": None}, SCHEMA)
     assert args == {"n": None} and notes == ["s: null -> omitted (optional, not nullable)"]

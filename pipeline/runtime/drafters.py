@@ -118,7 +118,7 @@ class History:
     def formats(self, base: list[CallFormat]) -> list[CallFormat]:
         """The observed formats first, then `base` (without repeats)."""
         out = [f for f, _ in self.seen.most_common(3)]
-        return out + [f for f in base if all((f.prefix, f.style) != (g.prefix, g.style) for g in out)]
+        return out + [f for f in base if all((f.prefix, f.style.indent) != (g.prefix, g.style.indent) for g in out)]
 
 
 class HistoryDrafter:
@@ -179,10 +179,11 @@ class SchemaDrafter:
 class HintDrafter:
     """The sidecar's call, once its payload is ready (polled without blocking at the top of every round)."""
 
-    def __init__(self, request: dict, formats: list[CallFormat], pending, started: float, validate: bool = True):
-        self.request, self.formats, self.pending, self.started = request, formats, pending, started
+    def __init__(self, request: dict, formats: list[CallFormat], pending, arrived: float, validate: bool = True):
+        self.request, self.formats, self.pending, self.arrived = request, formats, pending, arrived
         self.validate = validate
         self.call: dict | None = None
+        self.renderings: list[str] = []
         self.ready_s: float | None = None
         self.bytes: int | None = None
         self.error: str | None = None
@@ -196,9 +197,12 @@ class HintDrafter:
                 self.error = self.pending.error
                 log.warning("sidecar hint ignored for %s: %s", self.request.get("id"), self.error)
             return
-        self.ready_s = time.perf_counter() - self.started
+        # when the wave finished (worker clock), else when this poll saw it; arrived = the request's time.time()
+        ready = getattr(self.pending, "ready_wall", None) or time.time()
+        self.ready_s = max(0.0, ready - self.arrived)
         self.bytes = payload_bytes(payload)
         self.call, why = payload_call(payload, self.request.get("tools") or [], self.validate)
+        self.renderings = [render(self.call, f) for f in self.formats] if self.call else []
         if self.call is None:
             self.error = why
             log.warning("sidecar payload ignored for %s: %s", self.request.get("id"), why)
@@ -213,8 +217,7 @@ class HintDrafter:
         if name is not None and name != self.call["name"]:
             return []  # the target chose another tool: the hint's arguments are not for it
         cands = propose_structural(ctx, [self.call], self.formats, 4)
-        for f in self.formats:  # whole-text renderings, where the output so far is a prefix of one
-            text = render(self.call, f)
+        for text in self.renderings:  # whole-text renderings, where the output so far is a prefix of one
             if len(text) > len(ctx.text) and text.startswith(ctx.text):
                 ids = ctx.encode(text[len(ctx.text):], True)
                 if ids not in cands:

@@ -22,6 +22,7 @@ from pipeline.schema import find_tool, tool_name, tool_params, validation_errors
 
 from .continuation import Writer
 from .jsonstate import Style, scan
+from .target import decode, encode
 
 PROBE_NAME, PROBE_ARG, PROBE_VALUE = "probe_fn_q7", "probe_arg_q7", "probe_value_q7"
 
@@ -34,7 +35,7 @@ class CallFormat:
     style: Style
 
 
-FENCED = CallFormat("fenced", "```json\n", "\n```", Style(2, " ", " ", False))
+FENCED = CallFormat("fenced", "```json\n", "\n```", Style(2, " ", " ", True))  # Qwen2.5-Coder: arrays on one line
 BARE_INDENTED = CallFormat("indented", "", "", Style(2, " ", " ", False))
 BARE_COMPACT = CallFormat("compact", "", "", Style(0, " ", " ", True))
 
@@ -152,11 +153,10 @@ def seam_tokens(tokenizer, committed: list[int], text: str, tail: int = 4) -> li
         return []
     tail_ids = committed[-tail:]
     if tail_ids:
-        tail_text = tokenizer.decode(tail_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        ids = tokenizer.encode(tail_text + text, add_special_tokens=False)
+        tail_text = decode(tokenizer, tail_ids)
+        ids = encode(tokenizer, tail_text + text)
         n = len(tail_ids)
         for k in (n, n - 1, n + 1, n - 2, n + 2):  # where the committed text ends in the re-tokenization
-            if 0 < k < len(ids) and ids[k - 1] == tail_ids[-1] and tokenizer.decode(
-                    ids[:k], skip_special_tokens=False, clean_up_tokenization_spaces=False) == tail_text:
+            if 0 < k < len(ids) and ids[k - 1] == tail_ids[-1] and decode(tokenizer, ids[:k]) == tail_text:
                 return ids[k:]
-    return tokenizer.encode(text, add_special_tokens=False)
+    return encode(tokenizer, text)

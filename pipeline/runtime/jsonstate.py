@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 #   after     a value is complete, expecting `,` or a close
 #   done      the top-level value is closed
 #   invalid   the text stopped being JSON
-SCALAR_START = set("-0123456789tfn")
-SCALAR_CHARS = set("0123456789+-.eEtruefalsn")
+SCALAR_START = set("-0123456789")        # and letters: true/false/null, or a bare word some targets write
+SCALAR_CHARS = set("0123456789+-._$")     # and letters
 WS = " \t\r\n"
 
 
@@ -41,14 +41,16 @@ class Style:
         return None not in (self.indent, self.colon, self.comma, self.array_inline)
 
     def variants(self) -> list[Style]:
-        """Fully specified styles consistent with what was seen: the indented one first, then one-line."""
+        """Fully specified styles consistent with what was seen: indented first, then one-line; indented objects
+        with arrays on one line (what Qwen2.5-Coder writes) before arrays broken like objects (json.dumps)."""
         out = []
         for indent in ([self.indent] if self.indent is not None else [2, 0]):
-            s = Style(indent, " " if self.colon is None else self.colon,
-                      " " if self.comma is None else self.comma,
-                      (indent == 0) if self.array_inline is None else self.array_inline)
-            if s not in out:
-                out.append(s)
+            inline = [self.array_inline] if self.array_inline is not None else [True] if indent == 0 else [True, False]
+            for arrays in inline:
+                s = Style(indent, " " if self.colon is None else self.colon, " " if self.comma is None else self.comma,
+                          arrays)
+                if s not in out:
+                    out.append(s)
         return out
 
 
@@ -124,7 +126,7 @@ def scan(text: str) -> JsonPos:
             i += 1
             continue
         if st == "in_value":  # number or literal
-            if c in SCALAR_CHARS:
+            if c in SCALAR_CHARS or c.isalpha():
                 pos.partial += c
                 i += 1
                 continue
@@ -193,7 +195,7 @@ def _significant(pos: JsonPos, c: str) -> None:
         if c in "{[":
             _open(pos, c)
             return
-        if c == '"' or c in SCALAR_START:
+        if c == '"' or c in SCALAR_START or c.isalpha() or c in "_$":
             pos.state, pos.partial = "in_value", c
         else:
             pos.state = "invalid"
@@ -213,8 +215,10 @@ def _close_token(pos: JsonPos) -> None:
     try:
         value = json.loads(raw)
     except ValueError:
-        pos.state = "invalid"
-        return
+        if raw[:1] == '"' or pos.state == "in_key":
+            pos.state = "invalid"
+            return
+        value = raw  # a bare word (`"session": jdbcSession`): not JSON, but the structure goes on
     top = pos.stack[-1]
     if pos.state == "in_key":
         if not isinstance(value, str):

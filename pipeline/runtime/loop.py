@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from .drafters import Context, HintDrafter, History, HistoryDrafter, PromptLookup, SchemaDrafter
 from .hint import call_formats
-from .parse import parse_calls, payload_from_call
+from .parse import parse_lenient, payload_from_call
 from .sidecar_client import Ready
 from .target import Target
 from .verify import accept, best_chain, build_tree, truncate_at_stop
@@ -38,7 +38,7 @@ class Stats:
     draft_s: float = 0.0              # time spent proposing and building trees
     wall_s: float = 0.0               # request arrival -> last token
     stop: str = ""                    # "eos" or "length"
-    hint_ready_s: float | None = None  # request arrival -> payload seen by the loop
+    hint_ready_s: float | None = None  # request arrival -> wave finished (None: not seen before the last round)
     hint_tokens: int = 0              # accepted draft tokens that a hint candidate proposed
     payload_bytes: int | None = None
     hint_error: str | None = None
@@ -68,11 +68,11 @@ def oracle_payload(target: Target, request: dict, oracle=None, max_new_tokens: i
     if oracle is None:
         oracle = generate(target, request, "ar", max_new_tokens=max_new_tokens)
     text = oracle.text if isinstance(oracle, Result) else str(oracle)
-    calls = parse_calls(text)
+    calls = parse_lenient(text)
     return payload_from_call(calls[0], request.get("tools") or []) if calls else None
 
 
-def _drafters(target: Target, request: dict, method: str, prompt: list[int], pending, started: float,
+def _drafters(target: Target, request: dict, method: str, prompt: list[int], pending, arrived: float,
               history: History, validate: bool) -> list[tuple[object, int]]:
     if method == "ar":
         return []
@@ -82,7 +82,7 @@ def _drafters(target: Target, request: dict, method: str, prompt: list[int], pen
     out = [(SchemaDrafter(request, formats), SCHEMA), (HistoryDrafter(history), HISTORY),
            (PromptLookup(prompt, k=10, max_cands=2), LOOKUP)]
     if method in ("ooo", "ooo-oracle"):
-        out.insert(0, (HintDrafter(request, formats, pending, started, validate), HINT))
+        out.insert(0, (HintDrafter(request, formats, pending, arrived, validate), HINT))
     return out
 
 
@@ -103,14 +103,17 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     pending = None
     if method == "ooo-oracle":
         pending = Ready(oracle_payload(target, request, oracle, max_new_tokens))
-    started = time.perf_counter()  # the request arrives
+        if pending.payload is None:
+            pending.error = "no tool call in the target's ar output"
+    started, arrived = time.perf_counter(), time.time()  # the request arrives
     if method == "ooo" and sidecar is not None:
         pending = sidecar.start(request) if hasattr(sidecar, "start") else sidecar
     history = history if history is not None else target.histories.setdefault(method, History())
     stats = Stats(method)
     prompt = target.prompt_ids(request)
     stats.prompt_tokens = len(prompt)
-    drafters = _drafters(target, request, method, prompt, pending, started, history, validate_hint)
+    validate = validate_hint and method != "ooo-oracle"  # the oracle is the target's own call, valid or not
+    drafters = _drafters(target, request, method, prompt, pending, arrived, history, validate)
     hint = drafters[0][0] if drafters and isinstance(drafters[0][0], HintDrafter) else None
     drafters = [(d, EXTRA) for d in extra_drafters or []] + drafters
     eos = target.tokenizer.eos_token_id if target.tokenizer.eos_token_id in target.stop_ids else None

@@ -8,6 +8,7 @@ an "arguments" / "parameters" object, possibly JSON-encoded as a string, or Open
 from __future__ import annotations
 
 import json
+import re
 
 from .continuation import ARG_ALIASES
 
@@ -51,6 +52,30 @@ def parse_calls(text: str) -> list[dict]:
         else:
             i += 1
     return calls
+
+
+BARE_WORD = re.compile(r'(:\s*)(?!true\b|false\b|null\b)([A-Za-z_$][\w$.]*)(\s*[,}\]])')
+
+
+def parse_lenient(text: str) -> list[dict]:
+    """Calls in text that is not quite JSON: a bare word as a value (`"session": jdbcSession`) or a cut-off end."""
+    return parse_calls(text) or parse_calls(BARE_WORD.sub(r'\1"\2"\3', text)) or close_truncated(text)
+
+
+def close_truncated(text: str) -> list[dict]:
+    """The call of an output cut off inside its JSON (max_new_tokens): its last complete member, closed."""
+    from .jsonstate import scan
+
+    if scan(text).state in ("start", "done", "invalid"):
+        return []
+    for end in range(len(text), max(text.find("{"), 0), -1):
+        if text[end - 1] not in '"}]0123456789el':
+            continue
+        pos = scan(text[:end])
+        if pos.state == "after":
+            closers = "".join("}" if f.kind == "{" else "]" for f in reversed(pos.stack))
+            return parse_calls(text[len(pos.prefix):end] + closers)
+    return []
 
 
 def payload_from_call(call: dict, tools: list[dict]) -> dict | None:

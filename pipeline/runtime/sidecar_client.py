@@ -37,7 +37,7 @@ def _worker(wave, factory, factory_kwargs, inbox, outbox) -> None:
         try:
             wave = load_factory(factory)(**(factory_kwargs or {}))
         except Exception as e:  # noqa: BLE001 - reported to the parent, which ignores the sidecar
-            outbox.put((None, "error", f"sidecar factory failed: {e!r}"))
+            outbox.put((None, "error", f"sidecar factory failed: {e!r}", time.time()))
             return
     while True:
         item = inbox.get()
@@ -45,9 +45,9 @@ def _worker(wave, factory, factory_kwargs, inbox, outbox) -> None:
             return
         rid, request = item
         try:
-            outbox.put((rid, "ok", json.dumps(wave(request))))
+            outbox.put((rid, "ok", json.dumps(wave(request)), time.time()))
         except Exception as e:  # noqa: BLE001 - a failing wave is a missing hint, never a failed request
-            outbox.put((rid, "error", repr(e)))
+            outbox.put((rid, "error", repr(e), time.time()))
 
 
 class Pending:
@@ -59,6 +59,7 @@ class Pending:
         self.payload = None
         self.error: str | None = None
         self.done_s: float | None = None
+        self.ready_wall: float | None = None  # wall clock (time.time) when the worker finished the wave
 
     def poll(self):
         """The payload if it has arrived, else None. Never blocks."""
@@ -67,7 +68,7 @@ class Pending:
         self.sidecar._drain()
         msg = self.sidecar._results.pop(self.rid, None)
         if msg is not None:
-            status, body = msg
+            status, body, self.ready_wall = msg
             self.done_s = time.perf_counter() - self.started
             if status != "ok":
                 self.error = f"sidecar wave failed: {body}"
@@ -94,6 +95,7 @@ class Ready:
 
     def __init__(self, payload):
         self.payload = payload
+        self.ready_wall = time.time()
 
     def poll(self):
         return self.payload
@@ -110,7 +112,7 @@ class Sidecar:
         self.timeout_s = timeout_s
         self._ids = itertools.count()
         self._proc = None
-        self._results: dict[int, tuple[str, str]] = {}
+        self._results: dict[int, tuple[str, str, float]] = {}
 
     def _ensure(self) -> None:
         if self._proc is not None and self._proc.is_alive():
@@ -131,7 +133,7 @@ class Sidecar:
     def _drain(self) -> None:
         while self._proc is not None:
             try:
-                rid, status, body = self._outbox.get_nowait()
+                rid, status, body, at = self._outbox.get_nowait()
             except queue.Empty:
                 return
             except (EOFError, OSError):
@@ -139,7 +141,7 @@ class Sidecar:
             if rid is None:
                 log.warning("%s", body)
                 continue
-            self._results[rid] = (status, body)
+            self._results[rid] = (status, body, at)
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.is_alive()

@@ -21,6 +21,22 @@ from .verify import Tree, tree_mask, tree_positions
 TREE_MASK_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
+def encode(tokenizer, text: str) -> list[int]:
+    """Text -> ids without special-token decoration (the fast backend directly: ~2x faster than the wrapper)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.encode(text, add_special_tokens=False).ids
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def decode(tokenizer, ids: list[int]) -> str:
+    """Ids -> text, special tokens kept, no clean-up (the fast backend directly: ~20x faster than the wrapper)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.decode(ids, skip_special_tokens=False)
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
 def render_prompt(tokenizer, request: dict) -> str:
     """The target's own chat template over the request's messages, with its tools, ready for the assistant turn."""
     kwargs = {"add_generation_prompt": True, "tokenize": False}
@@ -65,11 +81,10 @@ class Target:
 
     # --- tokens ---------------------------------------------------------------------------------------------------
     def prompt_ids(self, request: dict) -> list[int]:
-        text = render_prompt(self.tokenizer, request)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return encode(self.tokenizer, render_prompt(self.tokenizer, request))
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return decode(self.tokenizer, ids)
 
     # --- cache ----------------------------------------------------------------------------------------------------
     def past(self) -> int:

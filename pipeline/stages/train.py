@@ -45,6 +45,7 @@ DEFAULTS = {
     "null_keep": 1.0,             # fraction of null slot rows of NOT-chosen tools kept (deterministic hash)
     "dtype": "float32",           # weights dtype: float32 (use sft.bf16 for autocast), bfloat16, float16, auto
     "attn_implementation": "sdpa",  # sdpa or eager (both take the packed 4-D mask; flash-attention does not)
+    "threads": None,              # torch CPU threads (null: torch's default)
     "overwrite": False,           # retrain a finished output whose recipe changed
 }
 SECTIONS = ("train", "sft", "lora")
@@ -172,6 +173,8 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
 
     train, sft_kw, lora_kw = resolved["train"], resolved["sft"], resolved["lora"]
     out = Path(sft_kw["output_dir"])
+    if train["threads"]:
+        torch.set_num_threads(int(train["threads"]))
 
     # Load data
     requests, rows, inputs, skipped = load_rows(train)

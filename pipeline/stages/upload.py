@@ -1,7 +1,7 @@
 """The upload stage: publish a sidecar adapter folder to the Hugging Face Hub with a generated model card.
 
-Run as: python -m pipeline.stages.upload --adapter checkpoints/sidecar/<recipe>/ --repo user/name [--dry-run] [--private]
-                                         [--base-model HUB_ID]
+Run as: python -m pipeline.stages.upload --adapter checkpoints/sidecar/<recipe>/ --repo user/name
+            [--dry-run] [--private] [--base-model HUB_ID]        (or --recipe recipes/sidecar/<recipe>.yaml)
 
 What goes up (one `upload_folder` commit into a repo made with `create_repo(exist_ok=True)`): the peft adapter, the
 tokenizer, the resolved recipe, metrics, the loss curve, `accuracy.json/.md` when `make sidecar-eval` wrote them, and
@@ -27,7 +27,7 @@ from huggingface_hub import HfApi, get_token
 from huggingface_hub.utils import filter_repo_objects
 
 from ..io import InputError, atomic_open, read_json, write_manifest
-from ..recipes import load_recipe, section
+from ..sidecar.accuracy import adapter_from_recipe, markdown_table
 
 IGNORE_PATTERNS = ["checkpoint-*", "checkpoint-*/**", "runs/**", "upload/**", "*.pt", "*.pth", "training_args.bin",
                    "rng_state*", "*.partial", "*.tmp", "*.predictions.jsonl", ".*", "**/.*"]
@@ -57,7 +57,8 @@ def require_token() -> str:
 
 def check_adapter(adapter: Path) -> None:
     if not adapter.is_dir():
-        raise InputError(f"{adapter}: adapter folder not found (expected checkpoints/sidecar/<recipe>/ from `make train`)")
+        raise InputError(f"{adapter}: adapter folder not found "
+                         "(expected checkpoints/sidecar/<recipe>/ from `make train`)")
     if not (adapter / "adapter_config.json").is_file():
         raise InputError(f"{adapter / 'adapter_config.json'}: missing; {adapter} is not a peft adapter folder")
     if not any((adapter / w).is_file() for w in ADAPTER_WEIGHTS):
@@ -92,8 +93,6 @@ def looks_like_hub_id(name: str | None) -> bool:
 def model_card(repo: str, adapter_config: dict, recipe_path: Path | None, recipe: dict | None,
                accuracy: dict | None, base_model: str | None = None) -> str:
     """README.md of the Hub repo (pure: everything comes in as arguments)."""
-    from ..sidecar.accuracy import markdown_table
-
     base = base_model or adapter_config.get("base_model_name_or_path") or "unknown"
     front = {"library_name": "peft", "license": "apache-2.0", "pipeline_tag": "text-generation",
              "tags": ["lora", "peft", "tool-calling", "speculative-decoding", "ooo-spec"]}
@@ -153,13 +152,6 @@ def model_card(repo: str, adapter_config: dict, recipe_path: Path | None, recipe
               "--enable-prefix-caching", "```", "",
               "or in process: `pipeline.sidecar.vllm_backend.VllmWave(base, adapter_dir).predict(request)`.", ""]
     return "\n".join(lines)
-
-
-def adapter_from_recipe(recipe_path: str) -> Path:
-    """checkpoints/sidecar/<recipe>/ of a sidecar recipe (its `sft.output_dir` when the recipe sets one)."""
-    recipe = load_recipe(recipe_path)
-    out = section(recipe, "sft").get("output_dir")
-    return Path(out) if out else Path("checkpoints/sidecar") / recipe["recipe_name"]
 
 
 def upload(adapter: str | Path, repo: str, *, dry_run: bool = False, private: bool = False,

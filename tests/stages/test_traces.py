@@ -133,6 +133,38 @@ def test_failing_requests_are_recorded_and_the_stage_goes_on(tmp_path, tokenizer
     assert rows["fixture/0"]["error"] is None and rows["fixture/3"]["error"] is None
 
 
+def test_template_that_ignores_tools_is_an_error_per_request(tmp_path):
+    tok = make_tokenizer()
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok.save_pretrained(tmp_path / "plain")
+    make_data(tmp_path, read_jsonl(FIXTURE_REQUESTS)[:2])
+    report = traces.main(["--recipe", str(recipe(tmp_path, tmp_path / "plain"))])
+    assert report["train"]["errors"] == 2
+    assert all("ignores tools=" in r["error"] for r in out_rows(tmp_path))
+
+
+def test_batches_respect_size_token_cap_and_sort_windows(tmp_path, tokenizer_dir, monkeypatch):
+    cfg = traces.TracesConfig(teacher="t", model="m", batch_size=3, max_batch_tokens=100)
+    items = [({"id": str(n)}, [0] * n) for n in (60, 40, 30, 20, 20, 20, 10)]
+    sizes = [[len(ids) for _, ids in b] for b in traces.make_batches(items, cfg)]
+    assert sizes == [[60], [40, 30], [20, 20, 20], [10]]  # 60+40 pads to 120 > 100; 40x3 = 120 too; 3 at most
+    cfg.backend = "vllm"
+    assert len(traces.make_batches(items, cfg)) == 1       # vllm: everything in one generate call
+
+    # sort windows: each window of the sampled order is run (sorted by length) before the next one starts
+    reqs = read_jsonl(FIXTURE_REQUESTS)
+    make_data(tmp_path, reqs)
+    order = []
+    real_run = traces.GoldBackend.run
+    monkeypatch.setattr(traces.GoldBackend, "run", lambda self, b: order.append([r["id"] for r, _ in b]) or
+                        real_run(self, b))
+    traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir, batch_size=1, sort_window=2))])
+    assert sorted(order[0] + order[1]) == ["fixture/0", "fixture/1"]  # file order, limit=None: no shuffle
+    assert sorted(order[2] + order[3]) == ["fixture/2", "fixture/3"]
+    assert order[0] == ["fixture/1"]                                  # longest prompt of the first window first
+
+
 def test_limit_is_a_seeded_sample_that_grows_by_extension(tmp_path):
     reqs = [dict(read_jsonl(FIXTURE_REQUESTS)[0], id=f"r/{i}") for i in range(30)]
     make_data(tmp_path, reqs)
@@ -156,11 +188,27 @@ def test_bad_inputs_name_file_line_and_expectation(tmp_path, tokenizer_dir):
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                     reason="vllm is not importable in this environment (it lives in .venv-vllm: make vllm-setup)")
-def test_vllm_backend_tiny_model(tmp_path, tiny_dir):
+def test_vllm_backend_tiny_model(tmp_path):
+    # vLLM's CPU attention kernels need head_dim >= 32: 128 hidden / 2 heads
+    model = make_tiny_model_dir(tmp_path / "tiny-vllm", "qwen2", hidden=128, heads=2, kv_heads=1)
     make_data(tmp_path, read_jsonl(FIXTURE_REQUESTS)[:2])
-    path = recipe(tmp_path, tiny_dir, backend="vllm", max_new_tokens=4, dtype="float32", max_model_len=2048,
+    path = recipe(tmp_path, model, backend="vllm", max_new_tokens=4, dtype="float32", max_model_len=2048,
                   vllm_kwargs={"enforce_eager": True}, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     traces.main(["--recipe", str(path)])
     rows = out_rows(tmp_path)
     assert sorted(r["id"] for r in rows) == ["fixture/0", "fixture/1"]
     assert all(r["error"] is None and r["completion_tokens"] == 4 and r["backend"] == "vllm" for r in rows)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "recipes" / "teacher").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_teacher_recipe_resolves_and_says_how_to_run_it(path):
+    from pipeline.recipes import load_recipe
+    from pipeline.stages import labels
+
+    text = path.read_text()
+    assert text.startswith("# Run as:"), f"{path} should open with the command that runs it"
+    recipe = load_recipe(path)
+    cfg = traces.resolve(recipe, str(path))
+    labels.resolve(recipe, str(path))
+    assert cfg.teacher and cfg.model and cfg.backend in traces.BACKENDS

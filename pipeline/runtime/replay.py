@@ -1,0 +1,52 @@
+"""A target that replays recorded outputs: measure drafters' acceptance without a model (and test the loop).
+
+`ReplayTarget(tokenizer, outputs)` behaves like `Target` for `generate`: its greedy "prediction" after any token
+tree node is the next token of the recorded output for that request when the node's path agrees with the
+recording (and end of turn once the recording is used up). Accepted lengths, forwards and hint tokens then equal
+what a real target that writes exactly that text would give, which makes it the tool for studying drafters on
+recorded target outputs (e.g. a benchmark's `ar` outputs) in milliseconds. It has no KV cache and no timing.
+"""
+
+from __future__ import annotations
+
+from .target import decode, encode, render_prompt
+from .verify import Tree
+
+
+class ReplayTarget:
+    tree = True
+
+    def __init__(self, tokenizer, outputs: dict[str, list[int] | str], name: str = "replay"):
+        self.tokenizer, self.name = tokenizer, name
+        eos = tokenizer.eos_token_id
+        self.stop_ids = {eos}
+        self.outputs = {rid: (encode(tokenizer, o) + [eos]) if isinstance(o, str) else list(o)
+                        for rid, o in outputs.items()}
+        self.histories: dict[str, object] = {}
+        self.script: list[int] = []
+        self.done = 0
+
+    def prompt_ids(self, request: dict) -> list[int]:
+        self.script = self.outputs[request["id"]]
+        return encode(self.tokenizer, render_prompt(self.tokenizer, request))
+
+    def decode(self, ids: list[int]) -> str:
+        return decode(self.tokenizer, ids)
+
+    def prefill(self, ids: list[int]) -> float:
+        self.done = 0
+        return 0.0
+
+    def _next(self, at: int) -> int:
+        return self.script[at] if at < len(self.script) else next(iter(self.stop_ids))
+
+    def verify(self, tree: Tree) -> list[int]:
+        out, agrees = [], []
+        for i, (tok, parent, depth) in enumerate(zip(tree.tokens, tree.parents, tree.depths)):
+            ok = i == 0 or (agrees[parent] and tok == self._next(self.done + depth - 1))
+            agrees.append(ok)
+            out.append(self._next(self.done + depth) if ok else self._next(0))
+        return out
+
+    def keep(self, tree_len: int, nodes: list[int]) -> None:
+        self.done += len(nodes) + 1

@@ -1,0 +1,156 @@
+"""Wave latency benchmark: the shared-prefix slot wave vs one prompt at a time vs an unshared padded batch.
+
+Run as: .venv/bin/python scripts/bench_wave.py --model checkpoints/base/smollm2-135m-instruct \
+            --requests data/requests/bfcl/test.jsonl data/requests/seal_tools/test.jsonl ... [--per-file 5] \
+            [--threads 1] [--dtype bfloat16] [--max-value-tokens 32] [--out eval/bench/wave.json]
+
+For each request the three methods get the same token ids (`wave.wave_inputs`: shared prefix + one suffix per
+question) and decode greedily up to --max-value-tokens, stopping at <|im_end|>/eos:
+  wave     SlotWave.run: prefix forward once, KV cache repeated over the batch of left-padded suffixes, parallel
+           greedy decode (finished rows leave the batch);
+  naive    one `model.generate` per prompt (prefix + suffix), one after the other;
+  batched  one `model.generate` over all prompts, each its full prefix + suffix, left-padded (no sharing).
+Latency is token ids in -> answer tokens out (tokenizing and the join are the same for all three and take
+milliseconds). It checks that the three give the same answers and prints p50 / p90 / mean per method, by prompts per
+wave (requests with 10+ slots apart: the target there is wave >= 3x faster than naive). Not a test: it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pipeline.io import iter_jsonl, write_json
+from pipeline.sidecar.rows import slot_keys
+from pipeline.sidecar.wave import SlotWave, wave_inputs
+
+METHODS = ("wave", "naive", "batched")
+
+
+def pick(path: str, n: int, how: str) -> list[dict]:
+    """n requests of a file: the first n, or (spread) n at evenly spaced quantiles of the slot count."""
+    reqs = [r for _, r in iter_jsonl(path)]
+    if how == "first" or len(reqs) <= n:
+        return reqs[:n]
+    by_size = sorted(reqs, key=lambda r: (len(slot_keys(r["tools"])), r["id"]))
+    return [by_size[round(i * (len(by_size) - 1) / max(1, n - 1))] for i in range(n)]
+
+
+def cut(tokens: list[int], stop: set[int]) -> list[int]:
+    """Tokens up to and including the first stop token."""
+    for i, t in enumerate(tokens):
+        if t in stop:
+            return tokens[:i + 1]
+    return tokens
+
+
+def run_naive(model, prefix, suffixes, cap, stop_ids, pad_id):
+    rows = []
+    for s in suffixes:
+        ids = torch.tensor([prefix + s])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=cap, do_sample=False,
+                             eos_token_id=stop_ids, pad_token_id=pad_id)
+        rows.append(cut(out[0, ids.shape[1]:].tolist(), set(stop_ids)))
+    return rows
+
+
+def run_batched(model, prefix, suffixes, cap, stop_ids, pad_id):
+    seqs = [prefix + s for s in suffixes]
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, seq in enumerate(seqs):
+        ids[b, width - len(seq):] = torch.tensor(seq)
+        mask[b, width - len(seq):] = 1
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=cap, do_sample=False, eos_token_id=stop_ids,
+                         pad_token_id=pad_id)
+    return [cut(row.tolist(), set(stop_ids)) for row in out[:, width:]]
+
+
+def percentiles(xs: list[float]) -> dict:
+    xs = sorted(xs)
+    q = lambda p: xs[min(len(xs) - 1, round(p * (len(xs) - 1)))]  # noqa: E731  nearest-rank on few points
+    return {"p50": statistics.median(xs), "p90": q(0.9), "mean": statistics.fmean(xs), "n": len(xs)}
+
+
+def table(results: list[dict]) -> str:
+    groups = {"all": results, "<10 slots": [r for r in results if r["slots"] < 10],
+              "10+ slots": [r for r in results if r["slots"] >= 10]}
+    lines = ["| requests | n | prompts/wave (mean) | method | p50 s | p90 s | mean s | naive / method (mean) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, rs in groups.items():
+        if not rs:
+            continue
+        prompts = statistics.fmean(r["prompts"] for r in rs)
+        naive_mean = statistics.fmean(r["naive"] for r in rs)
+        for m in METHODS:
+            p = percentiles([r[m] for r in rs])
+            lines.append(f"| {name} | {len(rs)} | {prompts:.1f} | {m} | {p['p50']:.2f} | {p['p90']:.2f} | "
+                         f"{p['mean']:.2f} | {naive_mean / p['mean']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--adapter")
+    ap.add_argument("--requests", nargs="+", required=True)
+    ap.add_argument("--per-file", type=int, default=5)
+    ap.add_argument("--pick", choices=("spread", "first"), default="spread")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default="float32",
+                    help="bfloat16 is faster, but its rounding differs between batch shapes (answers may differ)")
+    ap.add_argument("--max-value-tokens", type=int, default=32)
+    ap.add_argument("--out", help="JSON with per-request timings and the summary")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    wave = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens)
+    model, tok, cap, stop_ids, pad = wave.model, wave.tokenizer, wave.max_value_tokens, wave.stop_ids, wave.pad_id
+    requests = [r for path in args.requests for r in pick(path, args.per_file, args.pick)]
+    results = []
+    with torch.inference_mode():
+        # first calls pay one-time set-up (kernels, allocator), which belongs to no method's latency
+        run_naive(model, [1, 2, 3], [[4]], 2, stop_ids, pad)
+        run_batched(model, [1, 2, 3], [[4], [5, 6]], 2, stop_ids, pad)
+        wave.run([1, 2, 3], [[4], [5, 6]])
+        for k, req in enumerate(requests):
+            prefix, suffixes, _ = wave_inputs(tok, req, wave.compact, wave.chat_template_kwargs)
+            timed, outputs = {}, {}
+            for m in METHODS:
+                t0 = time.perf_counter()
+                if m == "wave":
+                    outputs[m] = wave.run(prefix, suffixes)[0]
+                elif m == "naive":
+                    outputs[m] = run_naive(model, prefix, suffixes, cap, stop_ids, pad)
+                else:
+                    outputs[m] = run_batched(model, prefix, suffixes, cap, stop_ids, pad)
+                timed[m] = time.perf_counter() - t0
+            same = {m: sum(a == b for a, b in zip(outputs[m], outputs["naive"])) for m in ("wave", "batched")}
+            results.append({"id": req["id"], "slots": len(suffixes) - 1, "prompts": len(suffixes),
+                            "prefix_tokens": len(prefix), "suffix_tokens": sum(map(len, suffixes)),
+                            "generated": sum(map(len, outputs["wave"])), **timed,
+                            "wave_same_as_naive": same["wave"], "batched_same_as_naive": same["batched"]})
+            r = results[-1]
+            print(f"[{k + 1}/{len(requests)}] {req['id']}: {r['prompts']} prompts, prefix {r['prefix_tokens']} tok, "
+                  f"wave {r['wave']:.2f}s naive {r['naive']:.2f}s batched {r['batched']:.2f}s, same as naive: "
+                  f"wave {same['wave']}/{r['prompts']} batched {same['batched']}/{r['prompts']}", flush=True)
+    n_rows = sum(r["prompts"] for r in results)
+    agree = {m: sum(r[f"{m}_same_as_naive"] for r in results) for m in ("wave", "batched")}
+    text = table(results)
+    print(f"\n{args.model} ({args.dtype}, {args.threads} thread(s), cap {cap} tokens), {len(results)} requests\n")
+    print(text)
+    print(f"\nanswers identical to naive: wave {agree['wave']}/{n_rows} rows, batched {agree['batched']}/{n_rows} rows")
+    report = {"config": vars(args), "results": results, "table": text, "agree": agree, "rows": n_rows}
+    if args.out:
+        write_json(Path(args.out), report)
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

@@ -1,0 +1,79 @@
+"""Drafters on token contexts: prompt lookup, history, the schema state machine, the hint (polled, validated)."""
+
+import json
+import time
+
+from pipeline.runtime.drafters import Context, HintDrafter, History, HistoryDrafter, NgramIndex, PromptLookup, \
+    SchemaDrafter
+from pipeline.runtime.hint import call_formats
+from pipeline.runtime.sidecar_client import Ready
+
+
+def _ctx(tok, text, prompt=(), max_depth=64):
+    output = tok.encode(text, add_special_tokens=False)
+    return Context(tok, list(prompt), output, tok.eos_token_id, max_depth, text)
+
+
+def _texts(tok, cands):
+    return [tok.decode(c) for c in cands]
+
+
+def test_ngram_lookup_prefers_long_and_recent_matches():
+    idx = NgramIndex(n_max=3, n_min=1)
+    idx.extend([1, 2, 3, 4, 9, 2, 3, 5, 6, 2, 3])
+    assert idx.lookup([7, 2, 3], k=2, max_cands=2) == [[5, 6], [4, 9]]  # most recent 2-gram match first
+    assert idx.lookup([8, 1, 2, 3], k=3, max_cands=1) == [[4, 9, 2]]  # the 3-gram wins over the 2-gram
+    assert idx.lookup([42], k=3, max_cands=3) == []
+
+
+def test_prompt_lookup_copies_from_prompt_and_output(tok):
+    prompt = tok.encode("weather in Paris in fahrenheit please", add_special_tokens=False)
+    pl = PromptLookup(prompt, k=4, max_cands=1)
+    ctx = _ctx(tok, '"city": "Paris in', prompt)
+    assert _texts(tok, pl.propose(ctx))[0].startswith(" fahrenheit")
+
+
+def test_history_matches_earlier_outputs_and_learns_the_call_format(tok):
+    hist = History()
+    first = "```json\n" + json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}}, indent=2) + "\n```"
+    prompt = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    hist.add(prompt, tok.encode(first, add_special_tokens=False), first)
+    drafter = HistoryDrafter(hist, k=64)
+    assert _texts(tok, drafter.propose(_ctx(tok, "", prompt)))[0] == first  # the opening of a new answer
+    ctx = _ctx(tok, '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "', prompt)
+    assert _texts(tok, drafter.propose(ctx))[0].startswith('city": "Paris"\n  }\n}')
+    formats = hist.formats(call_formats(tok))
+    assert formats[0].name == "observed" and formats[0].prefix == "```json\n" and formats[0].style.indent == 2
+    assert [f.name for f in formats[1:]] == ["template", "indented", "compact"]  # the fenced duplicate is dropped
+
+
+def test_schema_drafter_proposes_openings_tool_names_keys_and_closings(tok, requests):
+    req = requests[1]  # get_weather / book_hotel / calculate; the user asks for a hotel
+    sd = SchemaDrafter(req, call_formats(tok), max_cands=12)
+    assert list(sd.calls)[0] == "book_hotel"  # ranked by words shared with the user message
+    start = _texts(tok, sd.propose(_ctx(tok, "")))
+    assert start[0].startswith('<tool_call>\n{"name": "book_hotel", "arguments": {"hotel": "')
+    assert any(t.startswith('```json\n{\n  "name": "book_hotel",\n  "arguments": {\n    "hotel": "') for t in start)
+    named = _texts(tok, sd.propose(_ctx(tok, '```json\n{\n  "name": "get_')))
+    assert named == ['weather",\n  "arguments": {\n    "city": "']
+    done = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"'
+    after = _texts(tok, sd.propose(_ctx(tok, done)))
+    assert after[0].startswith(',\n    "unit": "celsius"') and '\n  }\n}\n```<|im_end|>' in after
+    assert sd.propose(_ctx(tok, done + '\n  }\n}\n``')) == [tok.encode("`", add_special_tokens=False) + [tok.eos_token_id]]
+    assert sd.propose(_ctx(tok, "The answer is 42")) == []
+
+
+def test_hint_drafter_uses_only_valid_payloads_for_the_tool_the_target_chose(tok, requests):
+    req = requests[0]
+    fmts = call_formats(tok)
+    good = HintDrafter(req, fmts, Ready({"tool_index": 0, "arguments": {"city": "Paris", "unit": "fahrenheit"}}),
+                       time.time())
+    texts = _texts(tok, good.propose(_ctx(tok, '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "c')))
+    assert texts[0] == 'ity": "Paris",\n    "unit": "fahrenheit"\n  }\n}\n```<|im_end|>'
+    assert 0 <= good.ready_s < 5 and good.bytes == len('{"tool_index":0,"arguments":{"city":"Paris","unit":"fahrenheit"}}')
+    assert good.propose(_ctx(tok, '```json\n{\n  "name": "calculate"')) == []  # another tool: hint not used
+    assert "<tool_call>" in _texts(tok, good.propose(_ctx(tok, "")))[0]
+    bad = HintDrafter(req, fmts, Ready({"tool_index": 0, "arguments": {"unit": "kelvin"}}), 0.0)
+    assert bad.propose(_ctx(tok, "")) == [] and "schema" in bad.error
+    none = HintDrafter(req, fmts, None, 0.0)
+    assert none.propose(_ctx(tok, "")) == [] and none.error is None and none.ready_s is None

@@ -1,0 +1,84 @@
+"""The sidecar client with fake waves: ready, slow, stuck, crashing, raising and garbage-returning waves.
+Polling never blocks; every failure becomes `pending.error` and the next request still works."""
+
+import os
+import time
+
+import pytest
+
+from pipeline.runtime.sidecar_client import Sidecar, load_factory
+
+PAYLOAD = {"tool_index": 0, "arguments": {"city": "Paris"}}
+
+
+def wave(request):
+    kind = request["kind"]
+    if kind == "sleep":
+        time.sleep(request["s"])
+    elif kind == "crash":
+        os._exit(3)
+    elif kind == "raise":
+        raise RuntimeError("boom")
+    elif kind == "set":
+        return {1, 2}  # not JSON
+    elif kind == "none":
+        return None
+    elif kind == "text":
+        return "tool 0 please"
+    return PAYLOAD
+
+
+def make_wave(answer):
+    return lambda request: {"tool_index": 0, "arguments": {"answer": answer}}
+
+
+def _wait(pending, limit=20.0):
+    end = time.perf_counter() + limit
+    while time.perf_counter() < end:
+        if pending.poll() is not None or pending.error:
+            return pending.poll()
+        time.sleep(0.01)
+    raise AssertionError("sidecar never answered")
+
+
+def test_ready_payload_arrives_and_polling_never_blocks():
+    with Sidecar(wave) as sc:
+        p = sc.start({"kind": "sleep", "s": 0.5})
+        t0 = time.perf_counter()
+        assert p.poll() is None
+        assert time.perf_counter() - t0 < 0.05  # a poll is a non-blocking queue read
+        assert _wait(p) == PAYLOAD and p.error is None and p.done_s >= 0.5
+
+
+@pytest.mark.parametrize("kind,why", [("crash", "died (exit code 3)"), ("raise", "RuntimeError('boom')"),
+                                      ("set", "not JSON serializable"), ("none", "returned null")])
+def test_failures_become_errors_and_the_next_request_works(kind, why):
+    with Sidecar(wave) as sc:
+        p = sc.start({"kind": kind})
+        assert _wait(p) is None and why in p.error
+        assert _wait(sc.start({"kind": "ok"})) == PAYLOAD  # a dead worker is restarted
+
+
+def test_non_object_payload_is_passed_on_for_validation():
+    with Sidecar(wave) as sc:
+        assert _wait(sc.start({"kind": "text"})) == "tool 0 please"  # HintDrafter rejects it (test_drafters)
+
+
+def test_stuck_wave_times_out_and_is_stopped():
+    with Sidecar(wave, timeout_s=0.3) as sc:
+        p = sc.start({"kind": "sleep", "s": 60})
+        assert _wait(p) is None and "timed out" in p.error
+        assert not sc.alive()  # the stuck worker was killed, so it cannot delay the next request
+        assert _wait(sc.start({"kind": "ok"})) == PAYLOAD
+
+
+def test_factory_builds_the_wave_inside_the_worker():
+    with Sidecar(factory=f"{__name__}:make_wave", factory_kwargs={"answer": 42}) as sc:
+        assert _wait(sc.start({}))["arguments"] == {"answer": 42}
+    with Sidecar(factory="pipeline.no_such_module:x") as sc:
+        p = sc.start({})
+        assert _wait(p) is None and "died" in p.error
+    with pytest.raises(ValueError, match="module:function"):
+        load_factory("no_colon")
+    with pytest.raises(ValueError, match="exactly one"):
+        Sidecar()

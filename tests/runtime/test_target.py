@@ -1,0 +1,62 @@
+"""The target wrapper: a token tree verified in one forward with a 4-D mask equals each branch run as a chain,
+and keeping a path leaves the cache exactly as if only that path had been fed (float64, all three families).
+Eager attention computes its softmax in float32 even for float64 models, so it is compared at 1e-5; sdpa is exact."""
+
+import pytest
+import torch
+
+from pipeline.runtime.smoke import tiny_target
+from pipeline.runtime.verify import build_tree
+
+CANDS = [([5, 6, 7, 8], 1), ([5, 6, 9], 2), ([10, 11, 12], 4)]
+
+
+def _chain_logits(t, prefix, root, toks):
+    t.prefill(prefix)
+    return t.logits(build_tree(root, [(toks, 1)], 64, 64))
+
+
+def _node_path(tree, toks):
+    kids, node, nodes = tree.children(), 0, [0]
+    for x in toks:
+        node = kids[node][x]
+        nodes.append(node)
+    return nodes
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_tree_forward_equals_chains_and_keep_restores_the_path(tok, family, attn):
+    t = tiny_target(family, tok, attn=attn)
+    atol = 1e-12 if attn == "sdpa" else 1e-5
+    assert t.tree  # every family takes a custom 4-D mask with eager and sdpa attention
+    ids = tok.encode("what is the weather in paris today", add_special_tokens=False)
+    prefix, root = ids[:-1], ids[-1]
+    t.prefill(prefix)
+    tree = build_tree(root, CANDS, 64, 64)
+    assert not tree.is_chain()
+    lt = t.logits(tree)
+    for toks, _ in CANDS:
+        lc = _chain_logits(t, prefix, root, toks)
+        assert torch.allclose(lt[_node_path(tree, toks)], lc, atol=atol, rtol=0)
+    # keep the middle branch (non-contiguous nodes), then decode one more token: equals the plain chain
+    t.prefill(prefix)
+    t.logits(tree)
+    path = _node_path(tree, [5, 6, 9])[1:]
+    t.keep(len(tree), path)
+    assert t.past() == len(prefix) + 1 + len(path)
+    after = t.logits(build_tree(42, [], 64, 64))[0]
+    ref = _chain_logits(t, prefix, root, [5, 6, 9, 42])[-1]
+    assert torch.allclose(after, ref, atol=atol, rtol=0)
+    # a chain prefix is kept by cropping
+    t.prefill(prefix)
+    t.logits(tree)
+    t.keep(len(tree), _node_path(tree, [5, 6])[1:])
+    assert t.past() == len(prefix) + 3
+
+
+def test_targets_without_mask_support_verify_chains_only(tok):
+    t = tiny_target("qwen2", tok, tree=False)
+    t.prefill(tok.encode("hello", add_special_tokens=False))
+    with pytest.raises(ValueError, match="cannot verify a tree"):
+        t.logits(build_tree(3, CANDS, 64, 64))

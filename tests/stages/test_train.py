@@ -1,0 +1,127 @@
+"""The train stage on the tiny recipe: a loadable adapter and its files, no rerun when done, resume after an
+interruption, and clear errors for bad recipe keys."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.io import InputError, read_json, read_jsonl, write_jsonl
+from pipeline.sidecar.rows import build_rows, label_from_call
+from pipeline.sidecar.trainer import PackedSFTTrainer
+from pipeline.stages import train
+from pipeline.testing import make_tiny_model_dir
+
+ROOT = Path(__file__).parents[2]
+RECIPE = str(ROOT / "recipes/sidecar/tiny.yaml")
+FIXTURES = ROOT / "tests/fixtures/requests.jsonl"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "qwen2", "qwen2")
+
+
+def overrides(model_dir, out, *extra):
+    return [f"train.model={model_dir}", f"sft.output_dir={out}", f"train.requests=[{FIXTURES}]", *extra]
+
+
+def test_trains_on_label_rows_and_saves_a_loadable_adapter(model_dir, tmp_path, monkeypatch):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    rows = [row for r in read_jsonl(FIXTURES) for row in build_rows(r, label_from_call(r, r["gold"][0]))]
+    write_jsonl(tmp_path / "rows.jsonl", rows)  # the labels stage's format
+    out = tmp_path / "out"
+    args = overrides(model_dir, out, "train.gold_rows=false", f"train.rows=[{tmp_path / 'rows.jsonl'}]",
+                     "sft.max_steps=2")
+    assert train.main(["--recipe", RECIPE, *args]) == 0
+
+    for name in ("adapter_config.json", "adapter_model.safetensors", "tokenizer_config.json", "recipe.yaml",
+                 "metrics.json", "loss.png", "manifest.json"):
+        assert (out / name).is_file(), name
+    metrics = read_json(out / "metrics.json")
+    assert metrics["global_step"] == 2 and metrics["pack"]["rows_kept"] == len(rows)
+    assert metrics["pack"]["tokens"] < metrics["pack"]["unpacked_tokens"]
+    assert [h["step"] for h in metrics["log_history"] if "loss" in h] == [1, 2]
+    assert read_json(out / "manifest.json")["config"]["sft"]["max_steps"] == 2
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = PeftModel.from_pretrained(base, out)
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.abs().max() > 0 for p in lora_b)  # B starts at zero: the adapter was trained
+    tok = AutoTokenizer.from_pretrained(out)
+    with torch.no_grad():
+        assert model(**tok("hello", return_tensors="pt")).logits.isfinite().all()
+
+    # done means done: the same recipe again does not train
+    monkeypatch.setattr(train, "run", lambda *a: pytest.fail("retrained a finished output"))
+    assert train.main(["--recipe", RECIPE, *args]) == 0
+    with pytest.raises(InputError, match="different recipe"):
+        train.main(["--recipe", RECIPE, *args, "sft.learning_rate=0.1"])
+
+
+def test_resumes_from_the_last_checkpoint_after_an_interruption(model_dir, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    args = ["--recipe", RECIPE, *overrides(model_dir, out, "sft.max_steps=4", "sft.save_steps=2")]
+    real_step = PackedSFTTrainer.training_step
+    calls = []
+
+    def interrupted(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed")
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(PackedSFTTrainer, "training_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(args)
+    assert (out / "checkpoint-2" / "trainer_state.json").is_file() and not (out / "manifest.json").exists()
+
+    monkeypatch.setattr(PackedSFTTrainer, "training_step", real_step)
+    assert train.main(args) == 0
+    metrics = read_json(out / "metrics.json")
+    assert metrics["resumed_from"] == "checkpoint-2" and metrics["global_step"] == 4
+    assert [h["step"] for h in metrics["log_history"] if "loss" in h] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("key,match", [
+    ("sft.learning_rat=1e-4", r"unknown key\(s\) \['learning_rat'\] in section 'sft'; expected one of .*'learning_rate'"),
+    ("lora.rank=8", r"unknown key\(s\) \['rank'\] in section 'lora'; expected one of .*'lora_alpha'"),
+    ("train.modle=x", r"unknown key\(s\) \['modle'\] in section 'train'; expected one of .*'model'"),
+    ("trainer.x=1", r"unknown top-level key\(s\) \['trainer'\]"),
+    ("sft.packing=true", r"sft.packing=True conflicts with prefix-shared packing"),
+    ("train.null_keep=2", r"null_keep=2; expected a fraction"),
+])
+def test_bad_recipe_keys_are_clear_errors(model_dir, tmp_path, key, match):
+    with pytest.raises(InputError, match=match):
+        train.main(["--recipe", RECIPE, *overrides(model_dir, tmp_path / "out"), key])
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_sidecar_recipe_resolves():
+    for path in sorted((ROOT / "recipes/sidecar").glob("*.yaml")):
+        resolved = train.resolve(train.load_recipe(path), str(path))
+        assert resolved["sft"]["output_dir"] == f"checkpoints/sidecar/{path.stem}"
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_deepspeed_zero2_runs_two_processes_on_cpu(model_dir, tmp_path):
+    """`make train-deepspeed-check`: accelerate + DeepSpeed ZeRO-2, 2 CPU processes (gloo), the tiny recipe."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "out"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ROOT / "build/torch_extensions"), "OMP_NUM_THREADS": "1"}
+    cmd = [str(Path(sys.executable).with_name("accelerate")), "launch", "--config_file",
+           str(ROOT / "recipes/deepspeed/accelerate-zero2.yaml"), "--num_processes", "2", "--main_process_port", "29533",
+           "-m", "pipeline.stages.train", "--recipe", RECIPE, *overrides(model_dir, out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = read_json(out / "metrics.json")
+    assert metrics["world_size"] == 2 and metrics["global_step"] == 4
+    assert list((out / "checkpoint-4").glob("global_step4"))  # a DeepSpeed engine checkpoint, not a plain one
+    assert (out / "adapter_model.safetensors").is_file()
