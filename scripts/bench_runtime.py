@@ -90,8 +90,8 @@ def replay(args) -> int:
     from pipeline.runtime.replay import ReplayTarget
 
     recorded = {r["id"]: r for r in read_jsonl(args.replay) if r["method"] == "ar"}
-    path = Path(args.requests or f"data/requests/{args.bench}/test.jsonl")
-    requests = [r for r in read_jsonl(path) if r["id"] in recorded][: args.n]
+    paths = args.requests or [f"data/requests/{args.bench}/test.jsonl"]
+    requests = [r for p in paths for r in read_jsonl(p) if r["id"] in recorded]
     tok = AutoTokenizer.from_pretrained(args.target)
     target = ReplayTarget(tok, {i: r["token_ids"] for i, r in recorded.items()})
     opts = dict(max_new_tokens=args.max_new_tokens, max_nodes=args.max_nodes, max_depth=args.max_depth)
@@ -113,12 +113,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="checkpoints/base/qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--bench", default="bfcl", help="reads data/requests/<bench>/test.jsonl (unless --requests)")
-    ap.add_argument("--requests", help="a canonical requests JSONL file")
-    ap.add_argument("-n", type=int, default=5, help="number of requests (the first n)")
+    ap.add_argument("--requests", nargs="+", help="canonical requests JSONL file(s)")
+    ap.add_argument("-n", type=int, default=5, help="number of requests per file (the first n)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--hint", choices=["gold", "sidecar", "none"], default="gold")
     ap.add_argument("--hint-delay", type=float, default=0.0, help="seconds a gold hint waits before answering")
-    ap.add_argument("--sidecar-factory", default="pipeline.sidecar:make_wave",
+    ap.add_argument("--sidecar-factory", default="pipeline.stages.eval:make_sidecar_wave",
                     help="'module:function' returning the wave callable (--hint sidecar)")
     ap.add_argument("--sidecar-kwargs", default="{}", help="JSON keyword arguments for the factory")
     ap.add_argument("--sidecar-timeout", type=float, default=60.0)
@@ -137,11 +137,13 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    path = Path(args.requests or f"data/requests/{args.bench}/test.jsonl")
-    if not path.exists():
-        print(f"no requests at {path}: run `make data` or pass --requests", file=sys.stderr)
-        return 2
-    requests = read_jsonl(path)[: args.n]
+    paths = [Path(p) for p in (args.requests or [f"data/requests/{args.bench}/test.jsonl"])]
+    for path in paths:
+        if not path.exists():
+            print(f"no requests at {path}: run `make data` or pass --requests", file=sys.stderr)
+            return 2
+    requests = [req for path in paths for req in read_jsonl(path)[: args.n]]
+    path = ", ".join(str(p) for p in paths)
     methods = [m for m in args.methods.split(",") if m]
     if "ar" not in methods:
         methods.insert(0, "ar")
