@@ -82,6 +82,25 @@ def print_table(summary: list[dict], header: str) -> None:
               f"{100 * s['overhead']:7.1f}% | {ready:>10} | {share:>8} |")
 
 
+def from_eval(run_dir: Path) -> int:
+    """The same table from the eval stage's rows (identity to `ar` by token digest), one block per target."""
+    rows = read_jsonl(run_dir / "rows.jsonl")
+    by_target: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["method"] in METHODS:
+            by_target.setdefault(r["target"], []).append(r)
+    for target, rs in by_target.items():
+        ar = {r["request_id"]: r["token_digest"] for r in rs if r["method"] == "ar"}
+        rs = [r | {"id": r["request_id"], "same_as_ar": r["token_digest"] == ar.get(r["request_id"]),
+                   "hint_tokens": r.get("hint_tokens_accepted") or 0, "tree_nodes": r.get("tree_nodes", 0),
+                   "overhead_s": r.get("overhead_s") or 0.0} for r in rs if r["request_id"] in ar]
+        methods = [m for m in METHODS if any(r["method"] == m for r in rs)]
+        benches = sorted({r["benchmark"] for r in rs})
+        print_table(summarize(rs, methods), f"\n{target}: {len(ar)} requests of {', '.join(benches)} from "
+                                            f"{run_dir / 'rows.jsonl'} (placement {rs[0].get('placement')})")
+    return 0
+
+
 def replay(args) -> int:
     """Acceptance of every method on recorded `ar` outputs, with the target's tokenizer and no model."""
     from transformers import AutoTokenizer
@@ -130,7 +149,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write one row per (request, method) here")
     ap.add_argument("--replay", help="rows of an earlier run (--out): replay its ar outputs through every method's "
                                      "drafters without the model (acceptance only, in seconds)")
+    ap.add_argument("--from-eval", metavar="RUN_DIR", help="print this table from an eval run's rows.jsonl (the "
+                                                           "runtime's methods, per target) instead of decoding")
     args = ap.parse_args(argv)
+    if args.from_eval:
+        return from_eval(Path(args.from_eval))
     if args.replay:
         return replay(args)
 

@@ -119,16 +119,26 @@ def resolve_dtype(dtype):
     return getattr(torch, dtype)
 
 
+def is_hub_id(path: str | Path) -> bool:
+    """`owner/name` (what the Hub takes) rather than a local path: one slash, no leading '.', '/' or '~'."""
+    import re
+
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", str(path)))
+
+
 def load_sidecar(model: str | Path, adapter: str | Path | None = None, dtype="float32", merge_adapter: bool = False):
     """(model, tokenizer): the base model, with the peft adapter on top when given; the adapter's tokenizer wins."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     for path, what in ((model, "model"), (adapter, "adapter")):
-        if path is not None and not Path(path).exists():
+        if path is not None and not Path(path).exists() and not is_hub_id(path):
             raise FileNotFoundError(f"{what} folder {path} does not exist")
-    if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
+    if adapter is not None and Path(adapter).exists() and not (Path(adapter) / "adapter_config.json").is_file():
         raise FileNotFoundError(f"{adapter}: no adapter_config.json (expected a peft adapter folder)")
-    tok_dir = adapter if adapter is not None and (Path(adapter) / "tokenizer_config.json").is_file() else model
+    tok_dir = model
+    if adapter is not None and (is_hub_id(adapter) and not Path(adapter).exists()
+                                or (Path(adapter) / "tokenizer_config.json").is_file()):
+        tok_dir = adapter
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=resolve_dtype(dtype))
     if adapter is not None:

@@ -238,7 +238,8 @@ def run(cfg: dict, recipe: dict) -> Path:
                         row.update(text=res.text, token_digest=token_digest(res.token_ids, target.stop_ids),
                                    new_tokens=st.new_tokens, forwards=st.forwards, accepted_lengths=st.accepted,
                                    prefill_s=st.prefill_s, decode_s=st.decode_s, wall_s=st.wall_s,
-                                   overhead_s=st.overhead_s, stop=st.stop, hint_ready_s=st.hint_ready_s,
+                                   overhead_s=st.overhead_s, tree_nodes=st.tree_nodes, stop=st.stop,
+                                   hint_ready_s=st.hint_ready_s,
                                    hint_tokens_accepted=st.hint_tokens, payload_bytes=st.payload_bytes,
                                    hint_error=st.hint_error)
                         if method == "ar":
