@@ -45,6 +45,14 @@ def token_digest(ids: list[int], stop_ids: set[int]) -> str:
     return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
 
 
+def round_robin(requests: dict[str, list[dict]]) -> list[tuple[str, dict]]:
+    """(benchmark, request) pairs taking one request of each benchmark in turn."""
+    from itertools import zip_longest
+
+    rows = zip_longest(*[[(b, r) for r in reqs] for b, reqs in requests.items()])
+    return [pair for row in rows for pair in row if pair is not None]
+
+
 def placement_cores(placement: str, threads: int | None = None) -> tuple[list[int], list[int]]:
     """(target cores, sidecar cores) for a placement."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
@@ -154,7 +162,9 @@ def load_requests(cfg: dict) -> dict[str, list[dict]]:
         if not path.is_file():
             raise InputError(f"{path}: requests not found (run `make data` first, or fix eval.benchmarks)")
         reqs = read_jsonl(path)
-        out[bench] = reqs[:limit] if limit else reqs
+        # A limit takes evenly spaced requests, so every subset (e.g. BFCL Java and JavaScript, API-Bank levels 1
+        # and 2) is represented in proportion; the choice is deterministic.
+        out[bench] = reqs[:: max(len(reqs) // limit, 1)][:limit] if limit else reqs
     return out
 
 
@@ -182,7 +192,8 @@ def run(cfg: dict, recipe: dict) -> Path:
     try:
         for tcfg in cfg["targets"]:
             tname = tcfg["name"]
-            todo = [(b, r) for b, reqs in requests.items() for r in reqs
+            # Round-robin over benchmarks: a run stopped early still has rows in every cell.
+            todo = [(b, r) for b, r in round_robin(requests)
                     if any(f"{tname}|{b}|{r['id']}|{m}" not in done for m in methods)]
             if not todo:
                 continue

@@ -113,17 +113,25 @@ def wave(request):
     return {"garbage": [1, 2, 3]}
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("kind", ["right", "partly", "wrong", "late", "never", "dies", "garbage"])
-def test_sidecar_behaviour_never_changes_the_output(targets, requests, kind):
-    target = targets["qwen2"]
+def test_sidecar_behaviour_never_changes_the_output(targets, requests, kind, family):
+    target = targets[family]
     with Sidecar(wave, timeout_s=1.0) as sidecar:
         for req in requests[:2]:
+            req = dict(req, sidecar=kind)  # tells the fake wave how to behave
             ar = generate(target, req, "ar", max_new_tokens=N)
+            if kind == "right":
+                time.sleep(0.2)  # the hint is ready before the first round
             res = generate(target, req, "ooo", sidecar=sidecar, max_new_tokens=N,
                            extra_drafters=[ScriptDrafter(ar.token_ids)])
             _check(res, ar)
             if kind in ("never", "dies"):
                 assert res.stats.hint_ready_s is None
+            if kind == "garbage":
+                assert res.stats.hint_error, kind
+            if kind in ("right", "partly"):
+                assert res.stats.hint_ready_s is not None and not res.stats.hint_error, kind
             if kind == "late" and res.stats.hint_ready_s is not None:
                 assert res.stats.hint_ready_s >= 0.3  # measured when the wave finished, on the worker's clock
 
