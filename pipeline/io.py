@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -40,8 +41,9 @@ def read_json(path: str | os.PathLike) -> Any:
         raise InputError(f"{where(path, e.lineno)}: invalid JSON ({e.msg}); expected one JSON document") from e
 
 
-def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, object) for each non-empty line; a malformed line raises InputError naming it."""
+def iter_jsonl(path: str | os.PathLike, torn_tail_ok: bool = False) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, object) for each non-empty line; a malformed line raises InputError naming it.
+    `torn_tail_ok`: a file still being written (a `.partial`) may end in a torn line, which is skipped."""
     path = Path(path)
     with open(path, encoding="utf-8") as f:
         for lineno, raw in enumerate(f, 1):
@@ -50,6 +52,8 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
             try:
                 obj = json.loads(raw)
             except json.JSONDecodeError as e:
+                if torn_tail_ok and not raw.endswith("\n") and not f.read(1):
+                    return  # the last line, cut off mid-write
                 raise InputError(f"{where(path, lineno)}: invalid JSON ({e.msg}); expected one JSON object per line") from e
             if not isinstance(obj, dict):
                 raise InputError(f"{where(path, lineno)}: expected a JSON object, got {type(obj).__name__}")
@@ -191,3 +195,11 @@ def write_manifest(out_dir: str | os.PathLike, stage: str, config: Any, inputs: 
     path = Path(out_dir) / "manifest.json"
     write_json(path, manifest)
     return path
+
+
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+def looks_like_hub_id(name: str | os.PathLike | None) -> bool:
+    """`owner/name` that is not a local path: what from_pretrained would fetch from the Hub."""
+    return bool(name) and HUB_REPO_ID.match(str(name)) is not None and not Path(name).exists()

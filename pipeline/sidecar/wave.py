@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..io import looks_like_hub_id
 from .join import answer_json, join_answers, parse_answers, payload_bytes
 from .rows import render_prefix_and_suffixes, wave_questions
 
@@ -119,25 +120,17 @@ def resolve_dtype(dtype):
     return getattr(torch, dtype)
 
 
-def is_hub_id(path: str | Path) -> bool:
-    """`owner/name` (what the Hub takes) rather than a local path: one slash, no leading '.', '/' or '~'."""
-    import re
-
-    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", str(path)))
-
-
 def load_sidecar(model: str | Path, adapter: str | Path | None = None, dtype="float32", merge_adapter: bool = False):
     """(model, tokenizer): the base model, with the peft adapter on top when given; the adapter's tokenizer wins."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     for path, what in ((model, "model"), (adapter, "adapter")):
-        if path is not None and not Path(path).exists() and not is_hub_id(path):
+        if path is not None and not Path(path).exists() and not looks_like_hub_id(path):
             raise FileNotFoundError(f"{what} folder {path} does not exist")
     if adapter is not None and Path(adapter).exists() and not (Path(adapter) / "adapter_config.json").is_file():
         raise FileNotFoundError(f"{adapter}: no adapter_config.json (expected a peft adapter folder)")
     tok_dir = model
-    if adapter is not None and (is_hub_id(adapter) and not Path(adapter).exists()
-                                or (Path(adapter) / "tokenizer_config.json").is_file()):
+    if adapter is not None and (looks_like_hub_id(adapter) or (Path(adapter) / "tokenizer_config.json").is_file()):
         tok_dir = adapter
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=resolve_dtype(dtype))

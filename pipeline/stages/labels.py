@@ -18,7 +18,6 @@ a rerun with the same inputs and recipe does nothing (`labels.force=true` redoes
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import Counter
@@ -195,7 +194,7 @@ def label_split(cfg: LabelsConfig, split: str) -> tuple[list[dict], list[dict], 
     labels, rejected, rows = [], [], []
     st = Counter()
     reasons, formats = Counter(), Counter()
-    for lineno, trace in (iter_partial(trace_file) if trace_file.suffix == ".partial" else iter_jsonl(trace_file)):
+    for lineno, trace in iter_jsonl(trace_file, torn_tail_ok=trace_file.suffix == ".partial"):
         request = requests.get(trace.get("id"))
         if request is None:
             raise InputError(f"{where(trace_file, lineno, trace.get('id'))}: no such request in {[str(f) for f in files]}")
@@ -227,19 +226,6 @@ def label_split(cfg: LabelsConfig, split: str) -> tuple[list[dict], list[dict], 
              "rows": dict(sorted(Counter(r["kind"] for r in rows).items())),
              "slot_rows_null": sum(r["kind"] == "slot" and r["null"] for r in rows)}
     return labels, rejected, rows, stats, [trace_file, *files]
-
-
-def iter_partial(path: Path):
-    """Rows of a traces file still being written: a torn last line is skipped."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for lineno, raw in enumerate(lines, 1):
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError:
-            if lineno == len(lines):
-                return
-            raise InputError(f"{where(path, lineno)}: invalid JSON in the middle of a partial traces file") from None
-        yield lineno, obj
 
 
 def _pct(n: int, d: int) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -26,14 +25,13 @@ import yaml
 from huggingface_hub import HfApi, get_token
 from huggingface_hub.utils import filter_repo_objects
 
-from ..io import InputError, atomic_open, read_json, write_manifest
+from ..io import HUB_REPO_ID, InputError, atomic_open, looks_like_hub_id, read_json, write_manifest
 from ..sidecar.accuracy import adapter_from_recipe, markdown_table
 
 IGNORE_PATTERNS = ["checkpoint-*", "checkpoint-*/**", "runs/**", "upload/**", "*.pt", "*.pth", "training_args.bin",
                    "rng_state*", "*.partial", "*.tmp", "*.predictions.jsonl", ".*", "**/.*"]
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 RECIPE_FILES = ("recipe.yaml", "recipe.yml", "resolved_recipe.yaml", "config.yaml", "recipe.json")
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 # (source, license, note) of the data the sidecar's rows come from; see ../shared/data/<source>/README.md
 TRAINING_DATA = [
     ("BFCL v4 (Berkeley Function Calling Leaderboard)", "Apache-2.0", ""),
@@ -84,10 +82,6 @@ def upload_files(adapter: Path) -> list[str]:
     """Files (relative, sorted) that `upload_folder` sends with IGNORE_PATTERNS — the same filter it applies."""
     files = [p.relative_to(adapter).as_posix() for p in adapter.rglob("*") if p.is_file()]
     return sorted(filter_repo_objects(files, ignore_patterns=IGNORE_PATTERNS))
-
-
-def looks_like_hub_id(name: str | None) -> bool:
-    return bool(name) and REPO_ID.match(name) is not None and not Path(name).exists()
 
 
 def model_card(repo: str, adapter_config: dict, recipe_path: Path | None, recipe: dict | None,
@@ -158,7 +152,7 @@ def upload(adapter: str | Path, repo: str, *, dry_run: bool = False, private: bo
            base_model: str | None = None, commit_message: str = "Upload OoO-Spec sidecar adapter") -> dict:
     """Write the card into `adapter`, then create `repo` and upload the folder (or, dry run, list the files)."""
     token = None if dry_run else require_token()  # before anything else
-    if not REPO_ID.match(repo):
+    if not HUB_REPO_ID.match(repo):
         raise InputError(f"--repo {repo!r}: expected a Hub repo id of the form user/name")
     adapter = Path(adapter)
     check_adapter(adapter)
