@@ -46,6 +46,17 @@ def validation_errors(instance: Any, schema: dict) -> list[str]:
     return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in v.iter_errors(instance)]
 
 
+def draft_schema(params: dict) -> dict:
+    """A tool's parameters schema as a *draft* call must satisfy: `required` and `dependentRequired` lifted.
+
+    A hint is a draft: the target writes what it leaves out, so a partial call is usable. Shared by the sidecar's
+    join and the runtime's hint check, so both accept exactly the same payloads.
+    """
+    if not isinstance(params, dict):
+        return params
+    return {k: v for k, v in params.items() if k not in ("required", "dependentRequired")}
+
+
 def is_valid(instance: Any, schema: dict) -> bool:
     return not validation_errors(instance, schema)
 
@@ -71,4 +82,4 @@ def find_tool(tools: list[dict], name: str) -> int | None:
 
 
 __all__ = ["schema_errors", "check_schema", "validation_errors", "is_valid", "tool_name", "tool_params",
-           "param_names", "find_tool", "jsonschema"]
+           "param_names", "find_tool", "draft_schema", "jsonschema"]

@@ -1,7 +1,7 @@
 """From a sidecar payload to target text and tokens: the call, the target's call formats, renderings, seams.
 
 - `payload_call` checks a payload {"tool_index", "arguments"} (0-based index into the request's tools; an optional
-  "name" wins over the index) against the request's tools and schemas and returns the call {"name", "arguments"}.
+  "name" wins over the index) against the request's tools and schemas (`required` lifted: a partial call drafts what it has) and returns the call {"name", "arguments"}.
 - `call_formats` lists the ways a target may write a call: the format its chat template renders (probed by
   rendering an assistant turn with a sentinel call), and what real targets write instead (a ```json fence around
   2-space-indented JSON, bare indented JSON, bare one-line JSON).
@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 
-from pipeline.schema import find_tool, tool_name, tool_params, validation_errors
+from pipeline.schema import draft_schema, find_tool, tool_name, tool_params, validation_errors
 
 from .continuation import Writer
 from .jsonstate import Style, scan
@@ -55,7 +55,7 @@ def payload_call(payload, tools: list[dict], validate: bool = True) -> tuple[dic
     if not isinstance(args, dict):
         return None, f"arguments is {type(args).__name__}, expected an object"
     if validate:
-        errors = validation_errors(args, tool_params(tools[index]))
+        errors = validation_errors(args, draft_schema(tool_params(tools[index])))  # partial hints are drafts
         if errors:
             return None, f"arguments do not fit the schema of {tool_name(tools[index])}: {errors[0]}"
     return {"name": tool_name(tools[index]), "arguments": args}, ""

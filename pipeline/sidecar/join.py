@@ -23,7 +23,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from referencing.exceptions import Unresolvable
 
-from ..schema import tool_params, validation_errors
+from ..schema import draft_schema, tool_params, validation_errors
 from .rows import UNKNOWN, Unknown, parse_answer, parse_function_answer
 
 
@@ -93,8 +93,7 @@ def join(tools: list[dict], function_index: int | None, slots: dict[tuple[int, s
         arguments[name] = value
 
     # Whole call, `required` lifted: a draft may leave parameters for the target to write.
-    call_schema = {k: v for k, v in params.items() if k not in ("required", "dependentRequired")}
-    validator = Draft202012Validator(call_schema)
+    validator = Draft202012Validator(draft_schema(params))
     while True:  # drop the parameters errors point into, then look again at what is left
         errors = list(validator.iter_errors(arguments))
         inside = {str(e.absolute_path[0]): e.message for e in errors if e.absolute_path}
