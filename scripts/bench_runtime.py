@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--hint", choices=["gold", "sidecar", "none"], default="gold")
     ap.add_argument("--hint-delay", type=float, default=0.0, help="seconds a gold hint waits before answering")
-    ap.add_argument("--sidecar-factory", default="pipeline.stages.eval:make_sidecar_wave",
+    ap.add_argument("--sidecar-factory", default="pipeline.sidecar.factory:make_wave",
                     help="'module:function' returning the wave callable (--hint sidecar)")
     ap.add_argument("--sidecar-kwargs", default="{}", help="JSON keyword arguments for the factory")
     ap.add_argument("--sidecar-timeout", type=float, default=60.0)

@@ -88,7 +88,7 @@ def _drafters(target: Target, request: dict, method: str, prompt: list[int], pen
 
 def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *, max_new_tokens: int = 256,
              max_nodes: int = 32, max_depth: int = 24, history: History | None = None, oracle=None,
-             validate_hint: bool = True, extra_drafters: list | None = None) -> Result:
+             validate_hint: bool = True, extra_drafters: list | None = None, on_commit=None) -> Result:
     """Decode `request` greedily with `method`; the tokens equal `ar`'s for every method and any sidecar.
 
     sidecar: for "ooo", a `Sidecar` (started here, when the request arrives) or an already started hint
@@ -97,6 +97,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     history: earlier outputs for the history drafter; default: the target's per-method history of this run.
     max_nodes / max_depth: the token tree's size and depth per round (root included in max_nodes).
     extra_drafters: more drafters (anything with `propose(ctx) -> list[list[int]]`), tried before the method's.
+    on_commit: called after every round with the token ids committed in it (streaming; a stop token included).
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
@@ -147,6 +148,8 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
         stats.tree_nodes += len(tree)
         stats.accepted.append(len(new))
         output += new
+        if on_commit is not None and new:
+            on_commit(new)
         if stopped:
             stats.stop = "eos" if new and new[-1] in target.stop_ids else "length"
             break

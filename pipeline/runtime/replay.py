@@ -9,7 +9,9 @@ recorded target outputs (e.g. a benchmark's `ar` outputs) in milliseconds. It ha
 
 from __future__ import annotations
 
-from .target import decode, encode, render_prompt
+from pipeline.requests import render_prompt
+
+from .target import decode, encode
 from .verify import Tree
 
 

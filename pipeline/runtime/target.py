@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from pipeline.requests import render_prompt
+
 from .verify import Tree, tree_mask, tree_positions
 
 TREE_MASK_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -37,20 +39,14 @@ def decode(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def render_prompt(tokenizer, request: dict) -> str:
-    """The target's own chat template over the request's messages, with its tools, ready for the assistant turn."""
-    kwargs = {"add_generation_prompt": True, "tokenize": False}
-    if request.get("tools"):
-        kwargs["tools"] = request["tools"]
-    return tokenizer.apply_chat_template(request["messages"], **kwargs)
-
-
 class Target:
     """A causal LM + tokenizer + one DynamicCache. Not thread-safe; one request at a time."""
 
-    def __init__(self, model, tokenizer, tree: bool | None = None, name: str | None = None):
+    def __init__(self, model, tokenizer, tree: bool | None = None, name: str | None = None,
+                 chat_template_kwargs: dict | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})  # e.g. Qwen3's enable_thinking
         self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
         self.tree = (impl in TREE_MASK_IMPLEMENTATIONS) if tree is None else tree
@@ -81,7 +77,7 @@ class Target:
 
     # --- tokens ---------------------------------------------------------------------------------------------------
     def prompt_ids(self, request: dict) -> list[int]:
-        return encode(self.tokenizer, render_prompt(self.tokenizer, request))
+        return encode(self.tokenizer, render_prompt(self.tokenizer, request, self.chat_template_kwargs))
 
     def decode(self, ids: list[int]) -> str:
         return decode(self.tokenizer, ids)

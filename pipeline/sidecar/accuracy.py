@@ -28,6 +28,7 @@ from typing import Any
 
 from ..io import InputError, ResumableJsonl, atomic_open, iter_jsonl, sha256_file, where, write_json
 from ..recipes import load_recipe, section
+from ..requests import load_requests
 from ..schema import find_tool, param_names
 from .rows import Unknown
 
@@ -203,24 +204,6 @@ def row_prediction(row: dict) -> dict:
             "slots": {(t, p): UNKNOWN if unknown else v for t, p, v, unknown in row["slots"]}}
 
 
-def load_requests(paths: list[str], limit: int | None) -> list[dict]:
-    requests, seen = [], set()
-    for path in paths:
-        n = 0
-        for line, req in iter_jsonl(path):
-            for key in ("id", "tools", "messages"):
-                if key not in req:
-                    raise InputError(f"{where(path, line, req.get('id'))}: request without {key!r}")
-            if req["id"] in seen:
-                raise InputError(f"{where(path, line, req['id'])}: duplicate request id")
-            seen.add(req["id"])
-            requests.append(req)
-            n += 1
-            if limit is not None and n >= limit:
-                break
-    return requests
-
-
 def load_labels(paths: list[str]) -> dict[str, dict]:
     labels = {}
     for path in paths:
@@ -287,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.model = base_model_of(args.adapter)
     out = Path(args.out) if args.out else (Path(args.adapter) if args.adapter else
                                            Path("eval/sidecar") / Path(args.model).name) / "accuracy.json"
-    requests = load_requests(args.requests, args.limit)
+    requests = load_requests(args.requests, args.limit, how="even")
     labels = load_labels(args.labels)
 
     config = {k: v for k, v in vars(args).items() if k not in ("fresh", "threads", "batch", "out", "compact")}

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from ..io import InputError, ResumableJsonl, read_jsonl, write_manifest
 from ..recipes import load_recipe, section
+from ..sidecar.factory import FACTORY
 
 RUNTIME_METHODS = ("ar", "pld", "toolspec", "ooo", "ooo-oracle")
 PEER_METHODS = ("hf-pld", "hf-assisted")
@@ -71,26 +72,6 @@ def pin(cores: list[int]) -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(len(cores))
-
-
-def make_sidecar_wave(model: str, adapter: str | None = None, dtype: str = "bfloat16", cores: list[int] | None = None,
-                      max_value_tokens: int | None = None, device: str = "cpu"):
-    """Sidecar factory run inside the worker process: pin it, load the wave once, return request -> payload."""
-    if cores:
-        pin(cores)
-    from ..sidecar.wave import SlotWave
-
-    kw = {"dtype": dtype}
-    if max_value_tokens:
-        kw["max_value_tokens"] = max_value_tokens
-    wave = SlotWave(model, adapter, **kw)
-    if device != "cpu":
-        wave.model.to(device)
-
-    def predict(request: dict):
-        return wave.predict(request).payload
-
-    return predict
 
 
 def first_value_s(text: str, token_texts: list[str], prefill_s: float, decode_s: float) -> float | None:
@@ -205,7 +186,7 @@ def run(cfg: dict, recipe: dict) -> Path:
                                 cfg["hf_pld_tokens"])
             sidecar = None
             if "ooo" in methods:
-                sidecar = Sidecar(factory="pipeline.stages.eval:make_sidecar_wave", start_method="spawn",
+                sidecar = Sidecar(factory=FACTORY, start_method="spawn",
                                   timeout_s=cfg["sidecar_timeout_s"],
                                   factory_kwargs={"model": sc["model"], "adapter": sc.get("adapter"),
                                                   "dtype": sc.get("dtype", "bfloat16"), "cores": sidecar_cores,

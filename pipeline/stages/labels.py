@@ -29,7 +29,8 @@ from ..parsers import normalise_arguments, parse_calls
 from ..recipes import load_recipe, section
 from ..schema import find_tool, tool_params, validation_errors
 from ..sidecar.rows import build_rows, label_from_call
-from .traces import TOP_KEYS, load_requests, request_files
+from ..requests import load_requests
+from .traces import TOP_KEYS, request_files
 
 
 @dataclass

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..io import InputError, ResumableJsonl, iter_jsonl, where, write_manifest
+from ..io import InputError, ResumableJsonl, write_manifest
 from ..recipes import load_recipe, section
+from ..requests import load_requests, render_prompt, sample
 
 BACKENDS = ("vllm", "transformers", "gold")
 
@@ -99,34 +99,14 @@ def request_files(data_dir: str | Path, benchmarks: list[str] | str, split: str)
     return files
 
 
-def load_requests(files: list[Path], limit: int | None = None, seed: int = 0) -> list[dict]:
-    """Requests of the files, checked for the fields traces needs; with `limit`, the first N of a seeded shuffle."""
-    requests, seen = [], {}
-    for path in files:
-        for lineno, req in iter_jsonl(path):
-            rid = req.get("id")
-            if not isinstance(rid, str):
-                raise InputError(f"{where(path, lineno)}: expected a string `id`")
-            for key, kind in (("messages", list), ("tools", list), ("gold", list)):
-                if not isinstance(req.get(key), kind):
-                    raise InputError(f"{where(path, lineno, rid)}: expected `{key}` to be a {kind.__name__}")
-            if rid in seen:
-                raise InputError(f"{where(path, lineno, rid)}: duplicate id (first at {seen[rid]})")
-            seen[rid] = where(path, lineno)
-            requests.append(req)
-    if limit is not None:
-        random.Random(seed).shuffle(requests)
-        requests = requests[:limit]
-    return requests
+def split_requests(files: list[Path], limit: int | None = None, seed: int = 0) -> list[dict]:
+    """The requests of one split's files (checked, gold required); with `limit`, the first N of a seeded shuffle
+    over all of them (raising the limit extends the sample)."""
+    return sample(load_requests(files, require_gold=True), limit, "shuffle", seed) if limit is not None \
+        else load_requests(files, require_gold=True)
 
 
 # --- prompts ------------------------------------------------------------------------------------------------------
-
-def render_prompt(tokenizer, request: dict, chat_template_kwargs: dict | None = None) -> str:
-    """The teacher's own chat template over the request's messages and tools, ready for the assistant turn."""
-    return tokenizer.apply_chat_template(request["messages"], tools=request["tools"] or None, tokenize=False,
-                                         add_generation_prompt=True, **(chat_template_kwargs or {}))
-
 
 def render_gold(tokenizer, request: dict, chat_template_kwargs: dict | None = None) -> str:
     """The gold calls as the template renders an assistant tool_calls turn: the text after the generation prompt,
@@ -365,7 +345,7 @@ def run(cfg: TracesConfig, recipe: dict | None = None) -> dict:
     jobs = []
     for split in cfg.splits:
         files = request_files(cfg.data_dir, cfg.benchmarks, split)
-        jobs.append((split, files, load_requests(files, cfg.limit, cfg.seed)))
+        jobs.append((split, files, split_requests(files, cfg.limit, cfg.seed)))
     backend = load_backend(cfg)
     report = {split: run_split(backend, cfg, split, reqs) for split, _, reqs in jobs}
     inputs = [f for _, files, _ in jobs for f in files]

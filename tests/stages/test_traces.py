@@ -169,8 +169,8 @@ def test_limit_is_a_seeded_sample_that_grows_by_extension(tmp_path):
     reqs = [dict(read_jsonl(FIXTURE_REQUESTS)[0], id=f"r/{i}") for i in range(30)]
     make_data(tmp_path, reqs)
     files = traces.request_files(tmp_path, "all", "train")
-    small = [r["id"] for r in traces.load_requests(files, limit=5, seed=0)]
-    large = [r["id"] for r in traces.load_requests(files, limit=12, seed=0)]
+    small = [r["id"] for r in traces.split_requests(files, limit=5, seed=0)]
+    large = [r["id"] for r in traces.split_requests(files, limit=12, seed=0)]
     assert large[:5] == small and small != [f"r/{i}" for i in range(5)]
 
 
