@@ -5,8 +5,8 @@
   the opening, tool names, name / arguments / parameter keys in schema order, quotes, separators, enum members,
   true/false; never a free value.
 - `HistoryDrafter`: suffix match over earlier committed outputs of the same run (ToolSpec's retrieval).
-- `HintDrafter`: the sidecar's call, aligned with the output structurally (see continuation.py) and as whole-text
-  renderings; polls the sidecar without blocking until the payload is ready.
+- `HintDrafter`: the sidecar's calls (the top tool's, then the one of whichever tool the output names), aligned with
+  the output structurally (see continuation.py) and as whole-text renderings; polls the sidecar without blocking.
 Every drafter only proposes; the target verifies, so no drafter can change the output.
 """
 
@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import islice
 
+from pipeline.payload import payload_bytes
 from pipeline.schema import tool_name, tool_params
 
 from .continuation import Arr, Choice, Obj, Open, Writer, continue_at
-from .hint import CallFormat, call_formats, openings, payload_bytes, payload_call, render, seam_tokens, suffix_for
+from .hint import CallFormat, call_formats, hint_calls, openings, render, seam_tokens, suffix_for
 from .jsonstate import JsonPos, scan
 
 log = logging.getLogger("pipeline.runtime")
@@ -177,19 +178,33 @@ class SchemaDrafter:
 
 
 class HintDrafter:
-    """The sidecar's call, once its payload is ready (polled without blocking at the top of every round)."""
+    """The sidecar's calls, once its payload is ready (polled without blocking at the top of every round).
+
+    Until the output names a tool it drafts the payload's top call (the tool name first, then its arguments); once
+    the output's JSON names a tool (the root object's "name"), it drafts that tool's call from the payload, whichever
+    tool it is (the top one or one of `others`), and nothing when the payload has no draft for it.
+    `other_tool` is True while the tool being drafted is not the payload's top tool: the loop counts the hint tokens
+    accepted then (hints that a payload of the top tool alone would not have given). `error` says why a payload was
+    not used (it does not parse, or a draft does not fit its tool's schema); None otherwise.
+    """
 
     def __init__(self, request: dict, formats: list[CallFormat], pending, arrived: float, validate: bool = True):
         self.request, self.formats, self.pending, self.arrived = request, formats, pending, arrived
         self.validate = validate
-        self.call: dict | None = None
-        self.renderings: list[str] = []
+        self.calls: dict[str, dict] = {}  # tool name -> call, the top tool first
+        self.renderings: dict[str, list[str]] = {}
+        self.other_tool = False
         self.ready_s: float | None = None
         self.bytes: int | None = None
         self.error: str | None = None
 
+    @property
+    def top(self) -> str | None:
+        """The name of the payload's top tool (None before a usable payload)."""
+        return next(iter(self.calls), None)
+
     def poll(self) -> None:
-        if self.pending is None or self.call is not None or self.error is not None:
+        if self.pending is None or self.calls or self.error is not None:
             return
         payload = self.pending.poll()
         if payload is None:
@@ -201,23 +216,27 @@ class HintDrafter:
         ready = getattr(self.pending, "ready_wall", None) or time.time()
         self.ready_s = max(0.0, ready - self.arrived)
         self.bytes = payload_bytes(payload)
-        self.call, why = payload_call(payload, self.request.get("tools") or [], self.validate)
-        self.renderings = [render(self.call, f) for f in self.formats] if self.call else []
-        if self.call is None:
+        self.calls, why = hint_calls(payload, self.request.get("tools") or [], self.validate)
+        self.renderings = {name: [render(call, f) for f in self.formats] for name, call in self.calls.items()}
+        if not self.calls:
             self.error = why
             log.warning("sidecar payload ignored for %s: %s", self.request.get("id"), why)
 
     def propose(self, ctx: Context) -> list[list[int]]:
         self.poll()
-        if self.call is None:
+        self.other_tool = False
+        if not self.calls:
             return []
         pos = ctx.pos
         root = pos.stack[0] if pos.stack else None
-        name = root.values.get("name") if root is not None and root.kind == "{" else None
-        if name is not None and name != self.call["name"]:
-            return []  # the target chose another tool: the hint's arguments are not for it
-        cands = propose_structural(ctx, [self.call], self.formats, 4)
-        for text in self.renderings:  # whole-text renderings, where the output so far is a prefix of one
+        named = root.values.get("name") if root is not None and root.kind == "{" else None
+        name = self.top if named is None else named
+        call = self.calls.get(name)
+        if call is None:
+            return []  # the target chose a tool the payload has no draft for
+        self.other_tool = name != self.top
+        cands = propose_structural(ctx, [call], self.formats, 4)
+        for text in self.renderings[name]:  # whole-text renderings, where the output so far is a prefix of one
             if len(text) > len(ctx.text) and text.startswith(ctx.text):
                 ids = ctx.encode(text[len(ctx.text):], True)
                 if ids not in cands:

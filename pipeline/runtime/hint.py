@@ -1,7 +1,8 @@
-"""From a sidecar payload to target text and tokens: the call, the target's call formats, renderings, seams.
+"""From a sidecar payload to target text and tokens: the calls, the target's call formats, renderings, seams.
 
-- `payload_call` checks a payload {"tool_index", "arguments"} (0-based index into the request's tools; an optional
-  "name" wins over the index) against the request's tools and schemas (`required` lifted: a partial call drafts what it has) and returns the call {"name", "arguments"}.
+- `hint_calls` turns a payload (`pipeline.payload.Payload` or its JSON form) into the calls it drafts, keyed by tool
+  name, the top tool first, each checked against the request's tools and schemas (`required` lifted: a partial call
+  drafts what it has); a payload that does not fit gives no calls and the reason.
 - `call_formats` lists the ways a target may write a call: the format its chat template renders (probed by
   rendering an assistant turn with a sentinel call), and what real targets write instead (a ```json fence around
   2-space-indented JSON, bare indented JSON, bare one-line JSON).
@@ -18,7 +19,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 
-from pipeline.schema import draft_schema, find_tool, tool_name, tool_params, validation_errors
+from pipeline.payload import Payload, PayloadError
 
 from .continuation import Writer
 from .jsonstate import Style, scan
@@ -40,29 +41,13 @@ BARE_INDENTED = CallFormat("indented", "", "", Style(2, " ", " ", False))
 BARE_COMPACT = CallFormat("compact", "", "", Style(0, " ", " ", True))
 
 
-def payload_call(payload, tools: list[dict], validate: bool = True) -> tuple[dict | None, str]:
-    """(call, "") for a usable payload, else (None, why it is not usable)."""
-    if not isinstance(payload, dict):
-        return None, f"payload is {type(payload).__name__}, expected an object"
-    index = payload.get("tool_index")
-    if isinstance(payload.get("name"), str):
-        index = find_tool(tools, payload["name"])
-        if index is None:
-            return None, f"payload names unknown tool {payload['name']!r}"
-    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(tools):
-        return None, f"tool_index {index!r} is not an index into {len(tools)} tools"
-    args = payload.get("arguments")
-    if not isinstance(args, dict):
-        return None, f"arguments is {type(args).__name__}, expected an object"
-    if validate:
-        errors = validation_errors(args, draft_schema(tool_params(tools[index])))  # partial hints are drafts
-        if errors:
-            return None, f"arguments do not fit the schema of {tool_name(tools[index])}: {errors[0]}"
-    return {"name": tool_name(tools[index]), "arguments": args}, ""
-
-
-def payload_bytes(payload) -> int:
-    return len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode())
+def hint_calls(payload, tools: list[dict], validate: bool = True) -> tuple[dict[str, dict], str]:
+    """({tool name: call}, "") for a usable payload, the top tool first; ({}, why) for one that is not usable."""
+    try:
+        calls = Payload.parse(payload).calls(tools, validate)
+    except PayloadError as e:
+        return {}, str(e)
+    return {c["name"]: c for c in calls}, ""
 
 
 def template_format(tokenizer) -> CallFormat | None:

@@ -17,6 +17,7 @@ from .drafters import Context, HintDrafter, History, HistoryDrafter, PromptLooku
 from .hint import call_formats
 from .parse import parse_lenient, payload_from_call
 from .sidecar_client import Ready
+from .budget import TreeBudget
 from .target import Target
 from .verify import accept, best_chain, build_tree, truncate_at_stop
 
@@ -28,10 +29,13 @@ HINT, SCHEMA, HISTORY, LOOKUP, EXTRA = 1, 2, 4, 8, 16
 class Stats:
     method: str
     prompt_tokens: int = 0
+    cached_tokens: int = 0            # prompt tokens taken from the prefix cache (not recomputed)
     new_tokens: int = 0
     forwards: int = 0                 # target forwards after prefill (one per round)
     accepted: list[int] = field(default_factory=list)  # tokens committed per round (draft accepted + 1)
     tree_nodes: int = 0               # tokens fed to the target over all rounds
+    tree_sizes: list[int] = field(default_factory=list)  # tokens verified per round (the budget's choice)
+    threads: list[int] = field(default_factory=list)     # target threads per round (adaptive schedule)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     verify_s: float = 0.0             # time inside target forwards during decode
@@ -88,7 +92,8 @@ def _drafters(target: Target, request: dict, method: str, prompt: list[int], pen
 
 def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *, max_new_tokens: int = 256,
              max_nodes: int = 32, max_depth: int = 24, history: History | None = None, oracle=None,
-             validate_hint: bool = True, extra_drafters: list | None = None, on_commit=None) -> Result:
+             validate_hint: bool = True, extra_drafters: list | None = None, on_commit=None,
+             tree_budget: str = "auto", schedule=None) -> Result:
     """Decode `request` greedily with `method`; the tokens equal `ar`'s for every method and any sidecar.
 
     sidecar: for "ooo", a `Sidecar` (started here, when the request arrives) or an already started hint
@@ -98,6 +103,11 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     max_nodes / max_depth: the token tree's size and depth per round (root included in max_nodes).
     extra_drafters: more drafters (anything with `propose(ctx) -> list[list[int]]`), tried before the method's.
     on_commit: called after every round with the token ids committed in it (streaming; a stop token included).
+    tree_budget: "auto" = each round verifies the tree size that maximises expected tokens per second from the
+      target's measured cost curve (`target.curve`, see budget.py; without a curve: the fixed size); "fixed" =
+      always up to max_nodes.
+    schedule: an object with `threads(pending) -> int` asked before prefill and at every round boundary (the adaptive
+      schedule: every core except while the sidecar's wave computes); None leaves the threads alone.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
@@ -119,8 +129,21 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     drafters = [(d, EXTRA) for d in extra_drafters or []] + drafters
     eos = target.tokenizer.eos_token_id if target.tokenizer.eos_token_id in target.stop_ids else None
     make_tree = build_tree if target.tree else best_chain
+    budget = None
+    if tree_budget == "auto" and getattr(target, "curve", None) is not None and drafters:
+        budget = target.budgets.setdefault(method, TreeBudget(target.curve, max_nodes))
+    elif tree_budget not in ("auto", "fixed"):
+        raise ValueError(f"tree_budget {tree_budget!r}; expected 'auto' or 'fixed'")
 
-    stats.prefill_s = target.prefill(prompt[:-1])
+    def set_threads() -> None:
+        if schedule is not None:
+            n = schedule.threads(pending)
+            target.set_threads(n)
+            stats.threads.append(n)
+
+    set_threads()
+    stats.prefill_s = target.prefill(prompt[:-1], key=request.get("id"))
+    stats.cached_tokens = getattr(target, "cached_tokens", 0)
     t_decode = time.perf_counter()
     output: list[int] = []
     root = prompt[-1]
@@ -133,6 +156,8 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
             for drafter, bit in drafters:
                 cands += [(c, bit) for c in drafter.propose(ctx) if c]
         tree = make_tree(root, cands, max_nodes, max_depth)
+        if budget is not None:  # hardware-aware: the most expected tokens per second on this machine
+            tree, _ = budget.choose(tree)
         t1 = time.perf_counter()
         # verify: one forward; argmax[i] = the target's next token after node i
         argmax = target.verify(tree)
@@ -146,6 +171,9 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
         stats.verify_s += t2 - t1
         stats.forwards += 1
         stats.tree_nodes += len(tree)
+        stats.tree_sizes.append(len(tree))
+        if budget is not None:
+            budget.update(tree, path, t1 - t0)
         stats.accepted.append(len(new))
         output += new
         if on_commit is not None and new:
@@ -155,6 +183,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
             break
         target.keep(len(tree), path)  # drop the rejected branches from the cache
         root = new[-1]
+        set_threads()
     end = time.perf_counter()
     stats.decode_s, stats.wall_s = end - t_decode, end - started
     stats.new_tokens = len(output)

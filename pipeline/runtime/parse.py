@@ -79,11 +79,13 @@ def close_truncated(text: str) -> list[dict]:
 
 
 def payload_from_call(call: dict, tools: list[dict]) -> dict | None:
-    """The sidecar payload {"tool_index", "arguments"} for `call` (None when its tool is not in `tools`)."""
-    from pipeline.schema import find_tool
+    """The JSON form of the payload that drafts `call` (None when its tool is not in `tools`)."""
+    from pipeline.payload import Payload, PayloadError
 
-    index = find_tool(tools, call["name"])
-    return None if index is None else {"tool_index": index, "arguments": call["arguments"]}
+    try:
+        return Payload.from_call(call, tools).to_json()
+    except PayloadError:
+        return None
 
 
 def gold_payload(request: dict) -> dict | None:

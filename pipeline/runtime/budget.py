@@ -1,0 +1,191 @@
+"""Hardware-aware verification: how many tree tokens a round should verify, from what a forward costs here.
+
+Two ideas, combined:
+- **A measured cost curve** (Sequoia, Chen et al. 2024, "hardware-aware tree optimizer": choose the tree size from the
+  measured time of one forward of k tokens on the target hardware). `CostCurve.measure` times one target forward over
+  k = 1, 2, 4, 8, 16, 32 tree tokens at a realistic cache length; the curve is cached in a small JSON per machine,
+  model, dtype, threads and device. On a GPU or a CPU with native bf16 the curve is nearly flat up to 32 tokens; on an
+  AVX2-only CPU in bf16 it is steep (0.26 / 1.30 / 5.08 s for k = 1 / 8 / 32).
+- **Acceptance statistics per draft source** (dynamic speculation length, e.g. DISCO, Mamou et al. 2024; SpecDec++,
+  Huang et al. 2024: stop drafting where the expected gain no longer pays): a running acceptance rate per source
+  (schema, hint, history, lookup) — the chance a node is accepted given that its parent was.
+
+Each round the full candidate tree is scored: a node's probability of being accepted is its parent's times its
+source's rate; expected committed tokens of the best k nodes are 1 + the sum of their probabilities (the bonus token
+is always committed). The round verifies the k that maximises expected tokens per second, E(k) / (cost(k) +
+overhead). Where k tokens cost about one, that is the whole tree (~32 nodes); where they do not, a few nodes or only
+the root (a plain decode step, so a round is never much slower than autoregressive decoding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .verify import Tree
+
+SIZES = (1, 2, 4, 8, 16, 32)
+PRIOR = {1: 0.7, 2: 0.6, 4: 0.4, 8: 0.4, 16: 0.5}  # source bit -> prior acceptance rate (HINT, SCHEMA, ...)
+PRIOR_WEIGHT = 4.0
+EXPLORE_EVERY = 8  # rounds: while only the root pays, verify the best node anyway now and then to keep learning
+
+
+def cost_dir() -> Path:
+    return Path(os.environ.get("OOO_COST_DIR") or Path.home() / ".cache" / "ooo-spec" / "cost")
+
+
+@dataclass
+class CostCurve:
+    """Seconds of one target forward of k tree tokens, for k in `sizes` (linear in between, flat beyond)."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+    meta: dict = field(default_factory=dict)
+
+    def cost(self, k: int) -> float:
+        sizes, secs = self.sizes, self.seconds
+        if k <= sizes[0]:
+            return secs[0]
+        for (a, sa), (b, sb) in zip(zip(sizes, secs), zip(sizes[1:], secs[1:])):
+            if k <= b:
+                return sa + (sb - sa) * (k - a) / (b - a)
+        return secs[-1] * k / sizes[-1]
+
+    def as_dict(self) -> dict:
+        return {"sizes": list(self.sizes), "seconds": [round(s, 5) for s in self.seconds], "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CostCurve:
+        return cls(tuple(d["sizes"]), tuple(d["seconds"]), d.get("meta", {}))
+
+    @classmethod
+    def flat(cls) -> CostCurve:
+        """Every size costs the same (an accelerator's ideal): the budget then takes the whole tree."""
+        return cls(SIZES, tuple(1.0 for _ in SIZES), {"kind": "flat"})
+
+    @classmethod
+    def measure(cls, target, past: int = 512, reps: int = 3, sizes: tuple[int, ...] = SIZES) -> CostCurve:
+        """Time one forward of k tree tokens after a `past`-token cache on `target` (median of `reps`)."""
+        vocab = target.model.config.vocab_size
+        ids = [(i * 7919) % min(vocab - 1, 30000) + 1 for i in range(past)]
+        target.prefill(ids, key="__cost_curve__")
+        out = []
+        for k in (sizes[-1],) + tuple(sizes):  # the first forward of the largest size is a warm-up
+            times = []
+            for _ in range(reps):
+                parents = [-1] + [0 if i < 3 else i - 1 for i in range(1, k)]  # a small fan-out, then a chain
+                depths = [0] * k
+                for i in range(1, k):
+                    depths[i] = depths[parents[i]] + 1
+                tree = Tree(tokens=ids[:k], parents=parents, depths=depths, sources=[0] * k)
+                t0 = time.perf_counter()
+                target.logits(tree)
+                times.append(time.perf_counter() - t0)
+                target.cache.crop(-k)
+            out.append(sorted(times)[len(times) // 2])
+        return cls(tuple(sizes), tuple(out[1:]), {"past": past, "reps": reps})
+
+    @classmethod
+    def cached(cls, target, key: dict, past: int = 512, reps: int = 3) -> CostCurve:
+        """The curve for `key` (machine, model, dtype, threads, device) from the JSON cache, measured if absent."""
+        digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        path = cost_dir() / f"{digest}.json"
+        if path.is_file():
+            try:
+                return cls.from_dict(json.loads(path.read_text()))
+            except (ValueError, KeyError):
+                pass  # a corrupt file is measured again
+        curve = cls.measure(target, past, reps)
+        curve.meta.update(key=key, measured=time.strftime("%Y-%m-%d %H:%M:%S"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(curve.as_dict(), indent=1))
+        tmp.replace(path)
+        return curve
+
+
+class Acceptance:
+    """Running acceptance rate per draft source bit: P(node accepted | its parent accepted)."""
+
+    def __init__(self, prior: dict[int, float] | None = None, weight: float = PRIOR_WEIGHT):
+        prior = prior or PRIOR
+        self.acc = {b: p * weight for b, p in prior.items()}
+        self.tries = {b: weight for b in prior}
+
+    def rate(self, sources: int) -> float:
+        bits = [b for b in self.acc if sources & b]
+        if not bits:
+            return 0.3
+        return max(self.acc[b] / self.tries[b] for b in bits)
+
+    def update(self, tree: Tree, path: list[int]) -> None:
+        reached, accepted = {0} | set(path), set(path)
+        for i in range(1, len(tree)):
+            if tree.parents[i] in reached:
+                for b in self.acc:
+                    if tree.sources[i] & b:
+                        self.tries[b] += 1
+                        self.acc[b] += i in accepted
+
+    def as_dict(self) -> dict:
+        return {b: round(self.acc[b] / self.tries[b], 3) for b in self.acc}
+
+
+def node_probs(tree: Tree, acceptance: Acceptance) -> list[float]:
+    probs = [1.0] * len(tree)
+    for i in range(1, len(tree)):
+        probs[i] = probs[tree.parents[i]] * acceptance.rate(tree.sources[i])
+    return probs
+
+
+def subtree(tree: Tree, keep: list[int]) -> Tree:
+    """The tree restricted to `keep` (ancestor-closed node indices), re-indexed in topological order."""
+    keep = sorted(keep)
+    new = {old: i for i, old in enumerate(keep)}
+    return Tree(tokens=[tree.tokens[i] for i in keep],
+                parents=[-1 if tree.parents[i] < 0 else new[tree.parents[i]] for i in keep],
+                depths=[tree.depths[i] for i in keep], sources=[tree.sources[i] for i in keep])
+
+
+class TreeBudget:
+    """Chooses each round's tree from the cost curve and the acceptance statistics (see the module docstring)."""
+
+    def __init__(self, curve: CostCurve, max_nodes: int = 32, acceptance: Acceptance | None = None):
+        self.curve, self.max_nodes = curve, max_nodes
+        self.acceptance = acceptance or Acceptance()
+        self.overhead_s = 0.0  # running mean of a round's drafting time
+        self.rounds = 0
+
+    def choose(self, tree: Tree) -> tuple[Tree, float]:
+        """(the tree to verify, its expected committed tokens)."""
+        self.rounds += 1
+        if len(tree) <= 1:
+            return tree, 1.0
+        probs = node_probs(tree, self.acceptance)
+        order = sorted(range(1, len(tree)), key=lambda i: (-probs[i], i))[: self.max_nodes - 1]
+        best_k, best_rate, expected, gains = 1, 1.0 / (self.curve.cost(1) + self.overhead_s), 1.0, 1.0
+        for k, i in enumerate(order, start=2):
+            gains += probs[i]
+            rate = gains / (self.curve.cost(k) + self.overhead_s)
+            if rate > best_rate:
+                best_k, best_rate, expected = k, rate, gains
+        if best_k == 1 and self.rounds % EXPLORE_EVERY == 0:
+            best_k, expected = 2, 1.0 + probs[order[0]]
+        return subtree(tree, [0] + order[: best_k - 1]), expected
+
+    def update(self, tree: Tree, path: list[int], draft_s: float) -> None:
+        self.acceptance.update(tree, path)
+        self.overhead_s = 0.9 * self.overhead_s + 0.1 * draft_s if self.rounds > 1 else draft_s
+
+
+def chosen_sizes(curve: CostCurve, acceptance: Acceptance, trees: list[Tree]) -> list[int]:
+    """The sizes a budget with this curve would choose for recorded trees (for reports and replays)."""
+    budget = TreeBudget(curve, acceptance=acceptance)
+    return [len(budget.choose(t)[0]) for t in trees]
+
+
+__all__ = ["CostCurve", "Acceptance", "TreeBudget", "SIZES", "subtree", "node_probs", "chosen_sizes"]

@@ -1,0 +1,116 @@
+"""What one target forward of k tree tokens costs on this machine, and the tree sizes the budget then chooses.
+
+Run as: python scripts/cost_curve.py --model checkpoints/base/qwen2.5-coder-1.5b-instruct [--dtype auto float32 bfloat16]
+            [--threads 2] [--past 512] [--replay eval/results/cpu/rows.jsonl]
+
+Prints the measured curve per dtype beside the AVX2-only AMD EPYC curves measured elsewhere (DESIGN facts), and for
+each curve the tree size the budget (pipeline/runtime/budget.py) chooses for a typical candidate tree at several
+acceptance rates. With --replay, the recorded `ar` outputs of an eval run are replayed through `toolspec` with each
+curve (ReplayTarget): chosen tree sizes, accepted tokens per forward and simulated decode seconds vs `ar`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.hardware import machine, resolve_dtype  # noqa: E402
+from pipeline.runtime.budget import Acceptance, CostCurve, TreeBudget  # noqa: E402
+from pipeline.runtime.verify import build_tree  # noqa: E402
+
+# One forward of Qwen2.5-Coder-1.5B, 2 threads, ~400-token cache, AMD EPYC with AVX2 only (no AVX-512).
+AVX2_CURVES = {
+    "epyc-avx2 bfloat16": CostCurve((1, 8, 32), (0.26, 1.30, 5.08), {"source": "measured on an AVX2-only AMD EPYC"}),
+    "epyc-avx2 float32": CostCurve((1, 8, 32), (0.42, 1.29, 1.84), {"source": "measured on an AVX2-only AMD EPYC"}),
+}
+
+
+def typical_tree():
+    """A round of `toolspec`/`ooo`: a 16-token hint chain, a 10-token schema chain sharing 3, two lookups."""
+    cands = [(list(range(100, 116)), 1), (list(range(100, 103)) + list(range(200, 207)), 2),
+             (list(range(300, 310)), 8), (list(range(400, 406)), 4)]
+    return build_tree(0, cands, 32, 24)
+
+
+def chosen(curve: CostCurve, rate: float) -> int:
+    acc = Acceptance({b: rate for b in (1, 2, 4, 8, 16)}, weight=1e6)
+    return len(TreeBudget(curve, acceptance=acc).choose(typical_tree())[0])
+
+
+def replay(rows_path: Path, curves: dict[str, CostCurve], tokenizer_path: str) -> None:
+    from transformers import AutoTokenizer
+
+    from pipeline.requests import load_requests
+    from pipeline.runtime import generate
+    from pipeline.runtime.replay import ReplayTarget
+
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+    ar = {r["request_id"]: r for r in rows if r["method"] == "ar" and r.get("text") is not None}
+    reqs = {}
+    root = Path("data/requests")
+    for bench in sorted({r["benchmark"] for r in ar.values()}):
+        for req in load_requests(root / bench / "test.jsonl"):
+            if req["id"] in ar:
+                reqs[req["id"]] = req
+    tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    outputs = {rid: r["text"] for rid, r in ar.items() if rid in reqs}
+    print(f"\nreplay of {len(outputs)} recorded ar outputs through toolspec (simulated decode time per curve):")
+    print("| curve | mean tree size | tokens/forward | simulated decode s | ar decode s (1 token/forward) | ratio |")
+    print("|---|---|---|---|---|---|")
+    for name, curve in curves.items():
+        target = ReplayTarget(tok, outputs, curve=curve)
+        sizes, new, fwd = [], 0, 0
+        for rid in outputs:
+            res = generate(target, reqs[rid], "toolspec")
+            sizes += res.stats.tree_sizes
+            new, fwd = new + res.stats.new_tokens, fwd + res.stats.forwards
+        ar_s = new * curve.cost(1)
+        print(f"| {name} | {sum(sizes) / len(sizes):.1f} | {new / fwd:.2f} | {target.simulated_s:.1f} | {ar_s:.1f} | "
+              f"{ar_s / target.simulated_s:.2f}x |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--dtype", nargs="+", default=["auto"])
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--past", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--replay", type=Path, default=None, help="an eval run's rows.jsonl with ar rows")
+    args = ap.parse_args()
+    import torch
+
+    from pipeline.runtime import Target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(json.dumps(machine(threads=torch.get_num_threads())))
+    curves = {}
+    for dtype in args.dtype:
+        target = Target.load(args.model, dtype=dtype)
+        curve = target.calibrate(past=args.past, reps=args.reps, cache=False)
+        curves[f"here {resolve_dtype(dtype)}"] = curve
+        del target
+    curves.update(AVX2_CURVES)
+    print(f"\none forward of k tree tokens after a {args.past}-token cache, seconds:")
+    ks = (1, 2, 4, 8, 16, 32)
+    print("| curve | " + " | ".join(f"k={k}" for k in ks) + " |")
+    print("|---|" + "---|" * len(ks))
+    for name, c in curves.items():
+        print(f"| {name} | " + " | ".join(f"{c.cost(k):.3f}" for k in ks) + " |")
+    rates = (0.3, 0.5, 0.7, 0.9)
+    print("\ntree size the budget chooses for a typical 32-node candidate tree, by acceptance rate:")
+    print("| curve | " + " | ".join(f"rate {r}" for r in rates) + " |")
+    print("|---|" + "---|" * len(rates))
+    for name, c in curves.items():
+        print(f"| {name} | " + " | ".join(str(chosen(c, r)) for r in rates) + " |")
+    if args.replay:
+        replay(args.replay, curves, args.model)
+
+
+if __name__ == "__main__":
+    main()
