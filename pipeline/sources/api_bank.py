@@ -1,11 +1,20 @@
-"""API-Bank level-1 / level-2 test data (`test-data/level-{1,2}-api.json`) -> canonical requests.
+"""API-Bank level-1 / level-2 test data and the level-3 training data -> canonical requests.
 
-Each source record is {"file", "id", "instruction", "input", "expected_output"}; it becomes one request
-`api_bank/<subset>/<position in the file>` (the source "id" is not unique, the position is).
+Two record layouts (LAYOUTS), one request `api_bank/<subset>/<position in the file>` per record (the source "id"
+is not unique, the position is):
+  - `level-1`, `level-2` (`test-data/level-{1,2}-api.json`, evaluation): {"file", "id", "instruction", "input",
+    "expected_output"}; the API descriptions are the JSON lines after `API descriptions:` in `instruction`
+    ({"name", "description", "input_parameters", "output_parameters"}), the dialogue is `input`.
+  - `lv3-train` (`training-data/lv3-api-train.json`, the benchmark's training split, 907 records): {"instruction",
+    "input", "output"}; `input` opens with one JSON line per offered API ({"apiCode", "description", "parameters",
+    "response"}, renamed to the keys above; always just ToolSearcher) and then holds the dialogue. Its instruction
+    has no year (`The current time is {{time}}.` is an unfilled template; the user turns end in `TIME: ...`), so
+    these requests have no system message (counted: `no_current_year`). The data stage assigns train/dev.
 
 Tools: the `API descriptions:` lines of `instruction` (one JSON object per line). API-Bank types are
 python-ish and map onto JSON Schema as `str`->string, `int`->integer, `float`->number, `bool`->boolean,
-`dict`->object, `list`->array (items unconstrained), `list(X)`->array of X. Any other input-parameter type
+`dict`->object, `list`->array (items unconstrained), `list(X)`->array of X, and (training data only) `date`,
+`time`, `datetime`->string: their values are written like '2034-04-15 10:00:00', not RFC 3339, so no `format`. Any other input-parameter type
 raises `InputError` naming the file, record, tool, parameter and type: the vocabulary is small and closed, so
 a new type means this converter needs a rule, not that the record should vanish. Output parameters are not
 part of a function schema and are left out. The source has no "required" lists and the gold calls often omit
@@ -20,7 +29,13 @@ descriptions of those APIs reach the model through the dialogue, as the results 
 (`API-Request: [ToolSearcher(...)]->{'name': 'BookHotel', ...}` or a list of such dicts). Those retrieved
 tools are offered too, after ToolSearcher, in the order they were retrieved (`offer_retrieved=False` restores
 the prompt-only tool list). 14 level-2 gold calls name an API whose description appears nowhere in the record;
-they are kept with the tools the record does describe and counted as `gold_tool_not_offered`.
+they are kept with the tools the record does describe and counted as `gold_tool_not_offered`. The training data
+retrieves the same way. Some of its ToolSearcher results write a parameter type as a bare name (`'type': str`
+instead of `'type': 'str'`); such a name from the type vocabulary is read as that type name
+(`toolsearcher_result_bare_type_name`). A result that still is not a Python literal (an unescaped apostrophe in
+`'the user's goal'`, a description cut off with `...`) offers nothing (`toolsearcher_result_unparsed`), nor does
+a description whose `input_parameters` is not a mapping (`{'none'}`: `toolsearcher_result_invalid_api`); a later
+call to that API counts as not offered.
 
 Dialogue (`input`): one turn per line, `User: ...` -> user, `AI: ...` -> assistant text, `API-Request:
 [Name(k='v')]->result` -> an assistant message with `tool_calls` (arguments as a dict, as chat templates
@@ -50,9 +65,12 @@ from pipeline.io import InputError, read_json
 from pipeline.sources import SourceResult
 
 BENCHMARK = "api_bank"
-SUBSETS = {"level-1": "test-data/level-1-api.json", "level-2": "test-data/level-2-api.json"}
+# subset -> (file under the raw folder, record layout); lv3-train is training data (the data stage splits it)
+SUBSETS = {"level-1": ("test-data/level-1-api.json", "test"), "level-2": ("test-data/level-2-api.json", "test"),
+           "lv3-train": ("training-data/lv3-api-train.json", "train")}
 
-_SCALARS = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object"}
+_SCALARS = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object",
+            "date": "string", "time": "string", "datetime": "string"}
 _LIST_OF = re.compile(r"list\((?P<inner>[^()]+)\)")
 _SPEAKERS = {"User": "user", "AI": "assistant"}
 _YEAR = re.compile(r"The current year is \d{4}\.")
@@ -77,8 +95,11 @@ def api_to_tool(api: dict, where: str) -> dict:
     """An API-Bank API description {"name", "description", "input_parameters"} -> OpenAI function tool."""
     if not isinstance(api, dict) or not isinstance(api.get("name"), str):
         raise InputError(f"{where}: expected an API description object with a 'name', got {str(api)[:80]!r}")
+    params = api.get("input_parameters") or {}
+    if not isinstance(params, dict):
+        raise InputError(f"{where}: input_parameters of {api['name']} is not a mapping: {str(params)[:80]!r}")
     props = {}
-    for pname, spec in (api.get("input_parameters") or {}).items():
+    for pname, spec in params.items():
         if not isinstance(spec, dict) or "type" not in spec:
             raise InputError(f"{where}: parameter {api['name']}.{pname} has no 'type'")
         prop = param_schema(str(spec["type"]), f"{where} ({api['name']}.{pname})")
@@ -174,14 +195,32 @@ def typed_arguments(args: dict, api: dict | None, notes: Counter | None = None) 
     return out
 
 
-def _retrieved_apis(result_text: str) -> list[dict] | None:
+class _TypeNames(ast.NodeTransformer):
+    """Bare type names (`str`, `datetime`) -> their name as a string constant; counts how many it replaced."""
+
+    def __init__(self):
+        self.replaced = 0
+
+    def visit_Name(self, node: ast.Name):
+        if node.id in _SCALARS or node.id == "list":
+            self.replaced += 1
+            return ast.copy_location(ast.Constant(node.id), node)
+        return node
+
+
+def _retrieved_apis(result_text: str, notes: Counter) -> list[dict] | None:
+    """A ToolSearcher result (one API description dict or a list of them) -> list of descriptions, None if not one."""
     try:
-        found = ast.literal_eval(result_text.strip())
+        tree = ast.parse(result_text.strip(), mode="eval")
+        names = _TypeNames()
+        found = ast.literal_eval(names.visit(tree).body)
     except (ValueError, SyntaxError):
         return None
     found = [found] if isinstance(found, dict) else found
     if not isinstance(found, list) or not all(isinstance(a, dict) and "name" in a for a in found):
         return None
+    if names.replaced:
+        notes["toolsearcher_result_bare_type_name"] += 1
     return found
 
 
@@ -197,25 +236,60 @@ def _split_request_line(line: str):
     raise CallSyntaxError("no `[Name(...)]->result` call found")
 
 
-def convert_record(rec: dict, file: Path, index: int, subset: str, result: SourceResult, notes: Counter,
-                   offer_retrieved: bool = True) -> dict | None:
-    """One source record -> request, or None after recording a reject in `result`; counters go to `notes`."""
-    where = f"{file} (record {index})"
+class RecordRejected(ValueError):
+    """A record that cannot become a request: `reason` (short key) and `detail` for the rejects file."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(reason, detail)
+        self.reason, self.detail = reason, detail
+
+
+def _test_layout(rec: dict) -> tuple[str, list[str], str, str]:
+    """level-1/2: (instruction head, API description lines, dialogue, gold text), or RecordRejected."""
     instruction, dialogue, expected = rec.get("instruction"), rec.get("input"), rec.get("expected_output")
     if not all(isinstance(x, str) for x in (instruction, dialogue, expected)):
-        result.reject(file, index, "missing_field", "instruction, input and expected_output must be strings")
-        return None
+        raise RecordRejected("missing_field", "instruction, input and expected_output must be strings")
     head, sep, desc_block = instruction.partition("API descriptions:")
     if not sep:
-        result.reject(file, index, "no_api_descriptions", "instruction has no 'API descriptions:' block")
+        raise RecordRejected("no_api_descriptions", "instruction has no 'API descriptions:' block")
+    return head, desc_block.strip().splitlines(), dialogue, expected
+
+
+def _train_layout(rec: dict) -> tuple[str, list[str], str, str]:
+    """lv3 training data: the API description lines open `input`, the dialogue follows, the gold is `output`."""
+    instruction, text, expected = rec.get("instruction"), rec.get("input"), rec.get("output")
+    if not all(isinstance(x, str) for x in (instruction, text, expected)):
+        raise RecordRejected("missing_field", "instruction, input and output must be strings")
+    lines = text.split("\n")
+    n = next((i for i, line in enumerate(lines) if not line.startswith("{")), len(lines))
+    if n == 0:
+        raise RecordRejected("no_api_descriptions", "input does not open with a JSON API description line")
+    return instruction, lines[:n], "\n".join(lines[n:]), expected
+
+
+LAYOUTS = {"test": _test_layout, "train": _train_layout}
+# the training data's description keys -> the test data's (the converter reads the latter)
+_API_KEYS = {"apiCode": "name", "parameters": "input_parameters", "response": "output_parameters"}
+
+
+def convert_record(rec: dict, file: Path, index: int, subset: str, result: SourceResult, notes: Counter,
+                   offer_retrieved: bool = True, layout: str = "test") -> dict | None:
+    """One source record -> request, or None after recording a reject in `result`; counters go to `notes`."""
+    where = f"{file} (record {index})"
+    try:
+        head, desc_lines, dialogue, expected = LAYOUTS[layout](rec)
+    except RecordRejected as e:
+        result.reject(file, index, e.reason, e.detail)
         return None
     apis = {}
-    for line in desc_block.strip().splitlines():
+    for line in desc_lines:
         try:
             api = json.loads(line)
         except json.JSONDecodeError as e:
             result.reject(file, index, "api_description_not_json", f"{e.msg}: {line[:120]}")
             return None
+        if isinstance(api, dict):
+            api = {_API_KEYS.get(k, k): v for k, v in api.items()}
         if not (isinstance(api, dict) and isinstance(api.get("name"), str)):
             result.reject(file, index, "api_description_invalid", f"expected an object with a name: {line[:120]}")
             return None
@@ -246,10 +320,13 @@ def convert_record(rec: dict, file: Path, index: int, subset: str, result: Sourc
             messages += [msg, {"role": "tool", "tool_call_id": call_id, "name": name, "content": output}]
             calls.append((msg, args))
             if name == "ToolSearcher" and offer_retrieved:
-                found = _retrieved_apis(output)
+                found = _retrieved_apis(output, notes)
                 if found is None:
                     notes["toolsearcher_result_unparsed"] += 1
                 for api in found or []:
+                    if not isinstance(api.get("input_parameters") or {}, dict):
+                        notes["toolsearcher_result_invalid_api"] += 1  # e.g. {'none'}: a set, not parameters
+                        continue
                     if api["name"] not in apis:
                         apis[api["name"]] = api
                         tools.append(api_to_tool(api, f"{where} line {n}"))
@@ -283,11 +360,13 @@ def convert_record(rec: dict, file: Path, index: int, subset: str, result: Sourc
 
 
 def load(root: Path, offer_retrieved: bool = True) -> SourceResult:
-    """Convert both subsets under `root` (the API-Bank raw folder); notes are keyed `<subset>/<counter>`."""
+    """Convert every subset under `root` (the API-Bank raw folder); notes are keyed `<subset>/<counter>`."""
     result = SourceResult()
-    for subset, rel in SUBSETS.items():
+    for subset, (rel, layout) in SUBSETS.items():
         notes = Counter()
         file = Path(root) / rel
+        if not file.is_file():
+            raise InputError(f"{file}: API-Bank {subset} file not found (the raw folder's README names its origin)")
         records = read_json(file)
         if not isinstance(records, list):
             raise InputError(f"{file}: expected a JSON list of records, got {type(records).__name__}")
@@ -295,7 +374,7 @@ def load(root: Path, offer_retrieved: bool = True) -> SourceResult:
             if not isinstance(rec, dict):
                 result.reject(file, index, "not_an_object", f"got {type(rec).__name__}")
                 continue
-            request = convert_record(rec, file, index, subset, result, notes, offer_retrieved)
+            request = convert_record(rec, file, index, subset, result, notes, offer_retrieved, layout)
             if request is not None:
                 result.requests.append(request)
                 notes["requests"] += 1

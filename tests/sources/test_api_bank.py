@@ -1,4 +1,5 @@
-"""API-Bank converter: real records from the shared data folder, call parsing, typing, rejects and errors."""
+"""API-Bank converter: real records from the shared data folder (test and training data), call parsing, typing,
+rejects and errors."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def by_id(converted):
 def test_counts_and_ids(converted):
     subsets = [r["subset"] for r in converted.requests]
     assert subsets.count("level-1") == 399 and subsets.count("level-2") == 135
-    assert converted.rejects == []
+    assert all(r["file"].endswith("training-data/lv3-api-train.json") for r in converted.rejects)  # test data: none
     assert converted.notes["level-1/requests"] == 399 and converted.notes["level-2/requests"] == 135
     ids = [r["id"] for r in converted.requests]
     assert len(set(ids)) == len(ids) and ids[17] == "api_bank/level-1/17" and ids[399] == "api_bank/level-2/0"
@@ -118,7 +119,8 @@ def test_level2_offers_toolsearcher_then_retrieved_tools(by_id, converted):
     assert [t["function"]["name"] for t in r["tools"]] == ["ToolSearcher", "QueryHistoryToday"]
     assert r["gold"] == [{"name": "QueryHistoryToday", "arguments": {"date": "10-06"}}]
     assert by_id["api_bank/level-2/0"]["gold"][0]["name"] == "ToolSearcher"
-    missing = [x["id"] for x in converted.requests if find_tool(x["tools"], x["gold"][0]["name"]) is None]
+    missing = [x["id"] for x in converted.requests
+               if x["subset"] != "lv3-train" and find_tool(x["tools"], x["gold"][0]["name"]) is None]
     assert all(i.startswith("api_bank/level-2/") for i in missing)
     assert converted.notes["level-2/gold_tool_not_offered"] == len(missing) > 0
 
@@ -126,9 +128,79 @@ def test_level2_offers_toolsearcher_then_retrieved_tools(by_id, converted):
 @needs_data
 def test_level2_prompt_only_tools_when_asked():
     prompt_only = api_bank.load(ROOT, offer_retrieved=False)
-    level2 = [r for r in prompt_only.requests if r["subset"] == "level-2"]
-    assert len(level2) == 135
+    level2 = [r for r in prompt_only.requests if r["subset"] in ("level-2", "lv3-train")]
+    assert len(level2) == 135 + 758
     assert all([t["function"]["name"] for t in r["tools"]] == ["ToolSearcher"] for r in level2)
+
+
+# ---- real training data (training-data/lv3-api-train.json) ----
+
+needs_train = pytest.mark.skipif(not (ROOT / "training-data" / "lv3-api-train.json").is_file(),
+                                 reason=f"API-Bank training data not found at {ROOT / 'training-data'}")
+TOOL_SEARCHER = {"name": "ToolSearcher", "description": "Searches for relevant tools in library based on the keywords.",
+                 "parameters": {"type": "object", "properties": {"keywords": {
+                     "type": "string", "description": "The keyword to search for."}}, "additionalProperties": False}}
+
+
+@needs_train
+def test_training_counts_rejects_and_notes(converted):
+    train = [r for r in converted.requests if r["subset"] == "lv3-train"]
+    assert len(train) == 758 and len(train) + len(converted.rejects) == 907
+    assert {r["reason"] for r in converted.rejects} == {"gold_unparsed", "dialogue_call_unparsed"}
+    assert sum(r["reason"] == "gold_unparsed" for r in converted.rejects) == 84
+    # a bare-word value (`patient_name=John Smith`) is not a Python literal: the record is a counted reject
+    bare = next(r for r in converted.rejects if r["record"] == "17")
+    assert bare["reason"] == "gold_unparsed" and "patient_name=John Smith" in bare["detail"]
+    assert sum(r["gold"][0]["name"] == "ToolSearcher" for r in train) == 430
+    notes = converted.notes
+    assert notes["lv3-train/requests"] == 758 and notes["lv3-train/no_current_year"] == 907
+    assert notes["lv3-train/toolsearcher_result_bare_type_name"] == 42
+    assert notes["lv3-train/toolsearcher_result_unparsed"] == 22
+    assert notes["lv3-train/toolsearcher_result_invalid_api"] == 3
+    assert notes["lv3-train/gold_tool_not_offered"] == 16
+    assert all(r["id"] == f"api_bank/lv3-train/{r['id'].rsplit('/', 1)[1]}" and "split" not in r for r in train)
+
+
+@needs_train
+def test_training_record_exactly(by_id):
+    r = by_id["api_bank/lv3-train/1"]
+    assert r["messages"][0] == {"role": "user", "content": "Find a cardiologist in Los Angeles for a check-up "
+                                                           "appointment.TIME: 2034-04-15 10:00:00"}  # no system turn
+    assert r["messages"][1]["tool_calls"][0]["function"] == {
+        "name": "ToolSearcher", "arguments": {"keywords": "healthcare provider appointment availability checker"}}
+    assert r["messages"][2]["role"] == "tool" and r["messages"][2]["content"].startswith(
+        "{'name': 'HealthcareProviderAppointmentChecker'")
+    assert len(r["messages"]) == 3
+    assert r["tools"][0]["function"] == TOOL_SEARCHER
+    assert r["tools"][1]["function"] == {
+        "name": "HealthcareProviderAppointmentChecker",
+        "description": "API for checking the availability of appointments with healthcare providers.",
+        "parameters": {"type": "object", "properties": {
+            "specialty": {"type": "string", "description": "The specialty of the healthcare provider."},
+            "location": {"type": "string", "description": "The city location."}}, "additionalProperties": False}}
+    assert r["gold"] == [{"name": "HealthcareProviderAppointmentChecker",
+                          "arguments": {"specialty": "cardiologist", "location": "Los Angeles"}}]
+    assert by_id["api_bank/lv3-train/0"]["gold"] == [
+        {"name": "ToolSearcher", "arguments": {"keywords": "healthcare provider appointment availability checker"}}]
+
+
+@needs_train
+def test_training_bare_type_names_and_datetime(by_id):
+    rental = by_id["api_bank/lv3-train/196"]  # retrieved: 'duration': {'type': int, ...} (a bare name)
+    props = rental["tools"][find_tool(rental["tools"], "GetEquipmentRentalFees")]["function"]["parameters"]
+    assert props["properties"]["duration"]["type"] == "integer"
+    assert rental["gold"][0]["arguments"] == {"equipment": "treadmill", "duration": 3, "location": "New York"}
+    sched = by_id["api_bank/lv3-train/3"]  # 'appointment_datetime': {'type': 'datetime'}
+    tool = sched["tools"][find_tool(sched["tools"], "HealthcareProviderAppointmentScheduler")]["function"]
+    assert tool["parameters"]["properties"]["appointment_datetime"]["type"] == "string"
+    assert sched["gold"][0]["arguments"]["appointment_datetime"] == "2034-04-18 14:30:00"
+
+
+@needs_train
+def test_training_invalid_retrieved_api_is_not_offered(by_id):
+    r = by_id["api_bank/lv3-train/72"]  # ToolSearcher returned 'input_parameters': {'none'} (a set)
+    assert find_tool(r["tools"], "AntibioticFormulations") is None
+    assert r["gold"] == [{"name": "AntibioticFormulations", "arguments": {}}]  # kept; the data stage counts it
 
 
 # ---- parsing and typing rules ----
@@ -163,10 +235,12 @@ def test_param_schema_types():
 
 # ---- malformed input (a tiny raw folder built from a real record) ----
 
-def _write_root(tmp_path: Path, level1: list, level2: list | None = None) -> Path:
+def _write_root(tmp_path: Path, level1: list, level2: list | None = None, train: list | None = None) -> Path:
     (tmp_path / "test-data").mkdir()
+    (tmp_path / "training-data").mkdir()
     (tmp_path / "test-data" / "level-1-api.json").write_text(json.dumps(level1))
     (tmp_path / "test-data" / "level-2-api.json").write_text(json.dumps(level2 or []))
+    (tmp_path / "training-data" / "lv3-api-train.json").write_text(json.dumps(train or []))
     return tmp_path
 
 
@@ -202,3 +276,67 @@ def test_malformed_records_are_counted_rejects(tmp_path):
         ("4", "not_an_object")]
     assert all(r["file"].endswith("level-1-api.json") for r in result.rejects)
     assert "Someone: hello" in result.rejects[0]["detail"]
+
+
+SEARCHER_LINE = ('{"apiCode": "ToolSearcher", "description": "Searches.", "parameters": {"keywords": {"type": "str", '
+                 '"description": "Keywords."}}, "response": {}}')
+TRAIN_RECORD = {
+    "instruction": "\nGenerate an API request.\nThe current time is {{time}}.\nAPI descriptions:\n",
+    "input": SEARCHER_LINE + "\nUser: Book a yoga class.TIME: 2034-01-01 09:00:00\n"
+             "API-Request: [ToolSearcher(keywords='yoga')]->{'name': 'YogaBooker', 'description': 'Books.', "
+             "'input_parameters': {'day': {'type': date, 'description': 'Day.'}, 'seats': {'type': 'int', "
+             "'description': 'Seats.'}}, 'output_parameters': {}}\nGenerate API Request: ",
+    "output": "API-Request: [YogaBooker(day='2034-01-02', seats='2')]",
+}
+
+
+def test_synthetic_training_record(tmp_path):
+    result = api_bank.load(_write_root(tmp_path, [RECORD], train=[TRAIN_RECORD]))
+    r = result.requests[-1]
+    assert r["id"] == "api_bank/lv3-train/0" and r["subset"] == "lv3-train"
+    assert r["messages"][0] == {"role": "user", "content": "Book a yoga class.TIME: 2034-01-01 09:00:00"}
+    assert [t["function"]["name"] for t in r["tools"]] == ["ToolSearcher", "YogaBooker"]
+    props = r["tools"][1]["function"]["parameters"]["properties"]
+    assert props == {"day": {"type": "string", "description": "Day."},
+                     "seats": {"type": "integer", "description": "Seats."}}
+    assert r["gold"] == [{"name": "YogaBooker", "arguments": {"day": "2034-01-02", "seats": 2}}]
+    assert result.notes["lv3-train/toolsearcher_result_bare_type_name"] == 1
+    assert result.notes["lv3-train/no_current_year"] == 1 and result.rejects == []
+
+
+def test_synthetic_training_edge_cases(tmp_path):
+    unparsed_result = dict(TRAIN_RECORD, input=TRAIN_RECORD["input"].replace("'Books.'", "'Book's.'"))
+    set_params = dict(TRAIN_RECORD, input=TRAIN_RECORD["input"].replace(
+        "{'day': {'type': date, 'description': 'Day.'}, 'seats': {'type': 'int', 'description': 'Seats.'}}",
+        "{'none'}"))
+    records = [TRAIN_RECORD,
+               unparsed_result,
+               set_params,
+               {k: v for k, v in TRAIN_RECORD.items() if k != "output"},
+               dict(TRAIN_RECORD, input="User: hi\nGenerate API Request: "),
+               dict(TRAIN_RECORD, output="API-Request: [YogaBooker(day=Monday)]")]
+    result = api_bank.load(_write_root(tmp_path, [], train=records))
+    assert [r["id"] for r in result.requests] == [f"api_bank/lv3-train/{i}" for i in range(3)]
+    for r in result.requests[1:]:  # nothing retrieved: the gold names a tool that is not offered (kept, counted)
+        assert [t["function"]["name"] for t in r["tools"]] == ["ToolSearcher"] and r["gold"][0]["name"] == "YogaBooker"
+    assert result.notes["lv3-train/toolsearcher_result_unparsed"] == 1
+    assert result.notes["lv3-train/toolsearcher_result_invalid_api"] == 1
+    assert result.notes["lv3-train/gold_tool_not_offered"] == 2
+    assert [(r["record"], r["reason"]) for r in result.rejects] == [
+        ("3", "missing_field"), ("4", "no_api_descriptions"), ("5", "gold_unparsed")]
+    assert all(r["file"].endswith("training-data/lv3-api-train.json") for r in result.rejects)
+
+
+def test_unknown_type_in_retrieved_api_raises(tmp_path):
+    bad = dict(TRAIN_RECORD, input=TRAIN_RECORD["input"].replace("'type': 'int'", "'type': 'Money'"))
+    with pytest.raises(InputError) as e:
+        api_bank.load(_write_root(tmp_path, [], train=[TRAIN_RECORD, bad]))
+    assert "lv3-api-train.json (record 1) line 2" in str(e.value) and "YogaBooker.seats" in str(e.value)
+    assert "'Money'" in str(e.value)
+
+
+def test_missing_training_file_names_it(tmp_path):
+    root = _write_root(tmp_path, [RECORD])
+    (root / "training-data" / "lv3-api-train.json").unlink()
+    with pytest.raises(InputError, match=r"lv3-api-train.json: API-Bank lv3-train file not found"):
+        api_bank.load(root)
