@@ -45,6 +45,9 @@ from pipeline.io import InputError, read_json
 from pipeline.sources import SourceResult
 
 BENCHMARK = "toolalpaca"
+# the data stage reports this for a benchmark without train/dev requests
+NO_TRAINING_DATA = ("ToolAlpaca's training split (data/train_data.json) is not in the raw data: only the evaluation "
+                    "sets eval_simulated and eval_real are converted")
 SUBSETS = {"eval_simulated": "eval_simulated.json", "eval_real": "eval_real.json"}
 
 JSON_TYPES = {"string", "integer", "number", "boolean", "array", "object", "null"}

@@ -5,8 +5,10 @@ Run as: python -m pipeline.stages.data [--recipe recipes/data/default.yaml] [dat
 Each source converter (pipeline/sources/) turns its dialect into JSON Schema and parses gold calls; this stage
 checks every tool schema against the 2020-12 meta-schema, validates every gold call against its tool (failures are
 counted by reason and marked on the request as `gold_errors`, never fixed or dropped), assigns splits (evaluation
-subsets -> `test`, everything else -> `train`/`dev` by a hash of the id), removes train/dev requests that offer a
-tool named in an evaluation set, and writes `data/requests/<benchmark>/<split>.jsonl` + `stats.json` + manifest.
+subsets -> `test`, everything else -> `train`/`dev` by a hash of the id), removes contaminated train/dev requests
+(CONTAMINATION_RULES; the paper's rule by default: the gold call names a tool that an evaluation set offers), and
+writes `data/requests/<benchmark>/<split>.jsonl` + `stats.json` + manifest. When `raw_root` is missing, the raw
+files are downloaded from their pinned public sources into `raw_cache` and checked by sha256 (pipeline/sources/fetch.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tqdm import tqdm
 from ..io import InputError, read_json, sha256_file, write_json, write_jsonl, write_manifest
 from ..recipes import load_recipe, section
 from ..schema import find_tool, schema_errors, tool_name, tool_params, validation_errors
-from ..sources import SOURCE_MODULES, load_source
+from ..sources import SOURCE_MODULES, fetch, load_source
 
 DEFAULTS = {
     "raw_root": "../shared/data",
@@ -34,7 +36,12 @@ DEFAULTS = {
                      "bfcl": ["simple_java", "simple_javascript"], "seal_tools": ["test_out_domain"]},
     "dev_fraction": 0.1,
     "contamination_filter": True,
+    "contamination_rules": ["gold_names_eval_tool"],
     "limit_per_subset": None,
+    "raw_cache": "data/raw-cache",
+    "fetch": True,
+    "fetch_base_url": None,
+    "fetch_retries": 3,
 }
 SPLITS = ("train", "dev", "test")
 
@@ -88,7 +95,35 @@ def check_request(req: dict, source: str) -> None:
 
 
 def contamination_names(requests: list[dict]) -> set[str]:
+    """Lower-cased names of every tool the given (evaluation) requests offer."""
     return {tool_name(t).lower() for r in requests for t in r["tools"]}
+
+
+# rule -> the names in a train/dev request that make it contaminated, given the evaluation tool names (lower case)
+CONTAMINATION_RULES = {
+    # the paper's rule: a gold call names a tool that an evaluation set offers (drops API-Bank's ToolSearcher calls)
+    "gold_names_eval_tool": lambda r, names: sorted({c.get("name", "") for c in r["gold"]
+                                                     if c.get("name", "").lower() in names}),
+    # stricter: the request merely offers such a tool (removes every API-Bank training request: all offer ToolSearcher)
+    "offers_eval_tool": lambda r, names: sorted({tool_name(t) for t in r["tools"] if tool_name(t).lower() in names}),
+}
+
+
+def contamination_filter(reqs: list[dict], rules: list[str], names: set[str],
+                         examples: list[str]) -> tuple[list[dict], dict[str, int]]:
+    """(kept requests, {rule: removed}); a request counts under the first rule that removes it."""
+    keep, removed = [], {rule: 0 for rule in rules}
+    for r in reqs:
+        for rule in rules:
+            hit = CONTAMINATION_RULES[rule](r, names)
+            if hit:
+                removed[rule] += 1
+                if len(examples) < 5:
+                    examples.append(f"{r['id']} ({rule}): {', '.join(hit)}")
+                break
+        else:
+            keep.append(r)
+    return keep, removed
 
 
 def _mean(xs: list[float]) -> float:
@@ -110,15 +145,17 @@ def split_stats(reqs: list[dict]) -> dict:
 
 
 def format_table(stats: dict) -> str:
-    head = ["benchmark", "split", "requests", "tools/req", "params/tool", "gold/req", "invalid gold (by reason)",
-            "removed (contam.)"]
+    rules = stats.get("contamination_rules", [])
+    head = ["benchmark", "split", "requests", "tools/req", "params/tool", "gold/req", "invalid gold (by reason)"]
+    head += [f"removed: {rule}" for rule in rules]
     rows = []
     for bench, per_split in stats["benchmarks"].items():
         for split, s in per_split.items():
             reasons = ", ".join(f"{k} {v}" for k, v in s["invalid_gold_by_reason"].items()) or "-"
             rows.append([bench, split, str(s["requests"]), f"{s['tools_per_request']:.2f}",
                          f"{s['params_per_tool']:.2f}", f"{s['gold_calls_per_request']:.2f}",
-                         f"{s['requests_with_invalid_gold']} ({reasons})", str(s.get("removed_by_contamination", 0))])
+                         f"{s['requests_with_invalid_gold']} ({reasons})"]
+                        + [str(s.get("removed_by_rule", {}).get(rule, 0)) for rule in rules])
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
     out = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows]
@@ -134,10 +171,24 @@ def input_files(raw_root: Path, sources: list[str]) -> list[Path]:
     return files
 
 
+def resolve_raw_root(cfg: dict) -> Path:
+    """`raw_root` when it is a folder (a local copy wins); else the pinned files, downloaded into `raw_cache`."""
+    raw_root = Path(cfg["raw_root"])
+    if raw_root.is_dir():
+        return raw_root
+    if not cfg["fetch"]:
+        raise InputError(f"{raw_root}: raw benchmark folder not found (set data.raw_root=PATH, or data.fetch=true "
+                         f"to download the pinned sources into {cfg['raw_cache']})")
+    print(f"{raw_root}: no local raw folder; using the pinned public sources (cache {cfg['raw_cache']})")
+    return fetch.fetch(cfg["raw_cache"], cfg["sources"], base_url=cfg["fetch_base_url"], retries=cfg["fetch_retries"])
+
+
 def run(cfg: dict, force: bool = False) -> dict:
-    raw_root, out = Path(cfg["raw_root"]), Path(cfg["out"])
-    if not raw_root.is_dir():
-        raise InputError(f"{raw_root}: raw benchmark folder not found (set data.raw_root=PATH)")
+    unknown = [rule for rule in cfg["contamination_rules"] if rule not in CONTAMINATION_RULES]
+    if unknown:
+        raise InputError(f"data.contamination_rules: unknown rule(s) {unknown}; expected some of "
+                         f"{list(CONTAMINATION_RULES)}")
+    raw_root, out = resolve_raw_root(cfg), Path(cfg["out"])
     inputs = input_files(raw_root, cfg["sources"])
     fingerprint = hashlib.sha256(json.dumps([cfg, [sha256_file(p) for p in inputs]], sort_keys=True,
                                             default=str).encode()).hexdigest()
@@ -149,7 +200,7 @@ def run(cfg: dict, force: bool = False) -> dict:
 
     # Load and check every source
     by_bench: dict[str, list[dict]] = {}
-    rejects, notes = {}, {}
+    rejects, notes, why_no_training = {}, {}, {}
     for name in tqdm(cfg["sources"], desc="sources", unit="source"):
         mod = load_source(name)
         res = mod.load(raw_root / name)
@@ -176,6 +227,7 @@ def run(cfg: dict, force: bool = False) -> dict:
         by_bench[mod.BENCHMARK] = reqs
         rejects[mod.BENCHMARK] = dict(Counter(x["reason"] for x in res.rejects))
         notes[mod.BENCHMARK] = dict(res.notes)
+        why_no_training[mod.BENCHMARK] = getattr(mod, "NO_TRAINING_DATA", None)
         if res.rejects:
             write_jsonl(out / mod.BENCHMARK / "rejected.jsonl", res.rejects)
 
@@ -187,27 +239,25 @@ def run(cfg: dict, force: bool = False) -> dict:
             r["split"] = "test" if r.get("subset") in eval_subsets else hash_split(r["id"], cfg["dev_fraction"])
             split_of[bench][r["split"]].append(r)
 
-    # Contamination filter: no train/dev request may offer a tool named in an evaluation set
+    # Benchmarks without training data say so (and why, where the source module knows)
+    no_training = {bench: why_no_training.get(bench) or "the source yields no train/dev requests"
+                   for bench, splits in split_of.items() if not splits["train"] and not splits["dev"]}
+
+    # Contamination filter: train/dev requests that touch a tool offered by an evaluation set (CONTAMINATION_RULES)
     eval_names = contamination_names([r for b in split_of.values() for r in b["test"]])
-    removed: dict[str, dict[str, int]] = defaultdict(dict)
+    rules = cfg["contamination_rules"] if cfg["contamination_filter"] else []
+    removed: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
     removed_examples: dict[str, list[str]] = defaultdict(list)
-    if cfg["contamination_filter"]:
-        for bench, splits in split_of.items():
-            for split in ("train", "dev"):
-                keep = []
-                for r in splits[split]:
-                    hit = sorted({tool_name(t) for t in r["tools"] if tool_name(t).lower() in eval_names})
-                    if hit:
-                        if len(removed_examples[bench]) < 5:
-                            removed_examples[bench].append(f"{r['id']}: {', '.join(hit)}")
-                    else:
-                        keep.append(r)
-                removed[bench][split] = len(splits[split]) - len(keep)
-                splits[split] = keep
+    for bench, splits in split_of.items():
+        for split in ("train", "dev"):
+            splits[split], removed[bench][split] = contamination_filter(splits[split], rules, eval_names,
+                                                                        removed_examples[bench])
 
     # Write
-    stats = {"benchmarks": {}, "rejects": rejects, "notes": notes, "eval_tool_names": len(eval_names),
-             "contamination_examples": dict(removed_examples)}
+    stats = {"benchmarks": {}, "rejects": rejects, "notes": notes, "no_training_data": no_training,
+             "eval_tool_names": len(eval_names), "contamination_rules": rules,
+             "removed_by_contamination": {b: dict(per) for b, per in removed.items()},
+             "contamination_examples": {b: ex for b, ex in removed_examples.items() if ex}}
     for bench, splits in split_of.items():
         stats["benchmarks"][bench] = {}
         for split in SPLITS:
@@ -219,7 +269,9 @@ def run(cfg: dict, force: bool = False) -> dict:
                 continue
             write_jsonl(path, reqs)
             s = split_stats(reqs)
-            s["removed_by_contamination"] = removed.get(bench, {}).get(split, 0)
+            by_rule = removed.get(bench, {}).get(split, {})
+            s["removed_by_contamination"] = sum(by_rule.values())
+            s["removed_by_rule"] = by_rule
             stats["benchmarks"][bench][split] = s
     stats["table"] = format_table(stats)
     write_json(out / "stats.json", stats)
@@ -256,6 +308,11 @@ def main(argv: list[str] | None = None) -> dict:
     for bench, n in stats["notes"].items():
         if n:
             print(f"{bench}: notes: {n}")
+    for bench, per_split in stats["removed_by_contamination"].items():
+        if any(n for by_rule in per_split.values() for n in by_rule.values()):
+            print(f"{bench}: removed by contamination rule: {per_split}")
+    for bench, why in stats["no_training_data"].items():
+        print(f"{bench}: no training data: {why}")
     print(f"wrote {cfg['out']}/<benchmark>/<split>.jsonl and {cfg['out']}/stats.json")
     return stats
 

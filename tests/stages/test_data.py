@@ -89,12 +89,15 @@ def test_run_splits_filters_and_reports(monkeypatch, tmp_path):
     assert "trainb/s/leak" not in ids and len(ids) == 30
     removed = sum(s.get("removed_by_contamination", 0) for s in stats["benchmarks"]["trainb"].values())
     assert removed == 1
+    assert sum(n["gold_names_eval_tool"] for n in stats["removed_by_contamination"]["trainb"].values()) == 1
+    assert stats["contamination_examples"]["trainb"][0].startswith("trainb/s/leak (gold_names_eval_tool)")
     evalb_train = stats["benchmarks"]["evalb"]
     invalid = sum(s["requests_with_invalid_gold"] for s in evalb_train.values())
     assert invalid == 1
     assert stats["rejects"]["trainb"] == {"not_json": 1}
     assert (out / "trainb" / "rejected.jsonl").exists()
-    assert "| benchmark" in stats["table"]
+    assert "| benchmark" in stats["table"] and "removed: gold_names_eval_tool" in stats["table"]
+    assert stats["no_training_data"] == {}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stage"] == "data" and manifest["inputs"]
     # a second run with the same inputs is a no-op
@@ -123,8 +126,8 @@ def test_duplicate_ids_rejected(monkeypatch, tmp_path):
         data_stage.run(cfg)
 
 
-def test_missing_raw_root(tmp_path):
-    cfg = {**data_stage.DEFAULTS, "raw_root": str(tmp_path / "nope")}
+def test_missing_raw_root_without_fetch(tmp_path):
+    cfg = {**data_stage.DEFAULTS, "raw_root": str(tmp_path / "nope"), "fetch": False}
     with pytest.raises(InputError, match="raw benchmark folder not found"):
         data_stage.run(cfg)
 
@@ -134,3 +137,78 @@ def test_unknown_recipe_key(tmp_path):
     recipe.write_text("data:\n  dev_fractoin: 0.2\n")
     with pytest.raises(InputError, match="dev_fractoin"):
         data_stage.main(["--recipe", str(recipe)])
+
+
+def _mixed_sources():
+    def evalb():
+        return SourceResult(requests=[request("evalb/test_a/0", "evalb", "test_a", [WEATHER, SEARCH],
+                                              [{"name": "get_weather", "arguments": {"city": "X"}}])])
+
+    def trainb():
+        # 20 requests call Search (an evaluation tool), 20 only offer it and call translate, 20 are clean
+        reqs = [request(f"trainb/s/{i}", "trainb", "s", [SEARCH, OTHER], [{"name": "Search", "arguments": {"q": "x"}}])
+                for i in range(20)]
+        reqs += [request(f"trainb/s/{i}", "trainb", "s", [SEARCH, OTHER],
+                         [{"name": "translate", "arguments": {"text": "x", "lang": "en"}}]) for i in range(20, 40)]
+        reqs += [request(f"trainb/s/{i}", "trainb", "s", [OTHER],
+                         [{"name": "translate", "arguments": {"text": "x", "lang": "en"}}]) for i in range(40, 60)]
+        return SourceResult(requests=reqs)
+
+    return {"evalb": evalb, "trainb": trainb}
+
+
+def _train_dev_ids(out):
+    return {json.loads(x)["id"] for split in ("train", "dev") if (out / "trainb" / f"{split}.jsonl").exists()
+            for x in (out / "trainb" / f"{split}.jsonl").read_text().splitlines()}
+
+
+def _removed(stats, bench, rule):
+    return sum(by_rule.get(rule, 0) for by_rule in stats["removed_by_contamination"][bench].values())
+
+
+def test_contamination_rules_counted_one_by_one(monkeypatch, tmp_path):
+    cfg = fake_sources(monkeypatch, tmp_path, _mixed_sources())
+    # the paper's rule (default): only a gold call naming an evaluation tool removes the request
+    stats = data_stage.run(cfg)
+    assert _removed(stats, "trainb", "gold_names_eval_tool") == 20
+    assert _train_dev_ids(tmp_path / "out") == {f"trainb/s/{i}" for i in range(20, 60)}
+    per_split = sum(s["removed_by_rule"]["gold_names_eval_tool"] for s in stats["benchmarks"]["trainb"].values())
+    assert per_split == 20 and stats["contamination_rules"] == ["gold_names_eval_tool"]
+    # both rules: the second counts only what the first left
+    stats = data_stage.run({**cfg, "contamination_rules": ["gold_names_eval_tool", "offers_eval_tool"]}, force=True)
+    assert _removed(stats, "trainb", "gold_names_eval_tool") == 20 and _removed(stats, "trainb", "offers_eval_tool") == 20
+    assert _train_dev_ids(tmp_path / "out") == {f"trainb/s/{i}" for i in range(40, 60)}
+    assert "removed: offers_eval_tool" in stats["table"]
+    # the filter off: nothing removed, no rule columns
+    stats = data_stage.run({**cfg, "contamination_filter": False}, force=True)
+    assert stats["contamination_rules"] == [] and len(_train_dev_ids(tmp_path / "out")) == 60
+    assert "removed:" not in stats["table"]
+
+
+def test_unknown_contamination_rule(monkeypatch, tmp_path):
+    cfg = fake_sources(monkeypatch, tmp_path, _mixed_sources())
+    with pytest.raises(InputError, match=r"contamination_rules: unknown rule\(s\) \['gold_only'\]"):
+        data_stage.run({**cfg, "contamination_rules": ["gold_only"]})
+
+
+def test_benchmark_without_training_data_is_reported(monkeypatch, tmp_path):
+    sources = _mixed_sources()
+    cfg = fake_sources(monkeypatch, tmp_path, sources)
+    why = {"evalb": "evalb ships evaluation sets only"}
+    monkeypatch.setattr(data_stage, "load_source", lambda name: types.SimpleNamespace(
+        BENCHMARK=name, load=lambda root: sources[name](), **({"NO_TRAINING_DATA": why[name]} if name in why else {})))
+    stats = data_stage.run(cfg)
+    assert stats["no_training_data"] == {"evalb": "evalb ships evaluation sets only"}
+    saved = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert saved["no_training_data"] == stats["no_training_data"]
+    # a source that says nothing still gets a generic note
+    monkeypatch.setattr(data_stage, "load_source", lambda name: types.SimpleNamespace(
+        BENCHMARK=name, load=lambda root: sources[name]()))
+    stats = data_stage.run(cfg, force=True)
+    assert stats["no_training_data"] == {"evalb": "the source yields no train/dev requests"}
+
+
+def test_toolalpaca_says_it_has_no_training_data():
+    from pipeline.sources import toolalpaca
+
+    assert "train_data.json" in toolalpaca.NO_TRAINING_DATA
