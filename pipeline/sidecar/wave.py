@@ -8,7 +8,8 @@ parameter)) at once:
      continue from the prefix length, so every row sees exactly `prefix + its suffix`;
   2. decode: greedy, all rows in parallel, at most `max_value_tokens` tokens; a row stops at <|im_end|> / eos and
      leaves the batch (`batch_select_indices`), so short answers (`null`) do not pay for long ones;
-  3. join (`join.py`): answers parsed as JSON (not JSON -> unknown), the chosen tool's valid slots -> payload.
+  3. join (`join.py`): answers parsed as JSON (not JSON -> unknown), the chosen tool's valid slots -> the payload's
+     top call, every other tool's non-null valid slots -> its `others` (`pipeline.payload`).
 Each row's tokens equal those of running `prefix + suffix` alone with greedy decoding (tests check this in
 float64 on tiny Llama, Qwen2 and Qwen3 models).
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..io import looks_like_hub_id
-from .join import answer_json, join_answers, parse_answers, payload_bytes
+from .join import answer_json, join_answers, parse_answers
 from .rows import render_prefix_and_suffixes, wave_questions
 
 DEFAULT_MAX_VALUE_TOKENS = 32  # the longest slot values of the four benchmarks are ~25 tokens in SmolLM2's BPE
@@ -33,7 +34,7 @@ DEFAULT_MAX_VALUE_TOKENS = 32  # the longest slot values of the four benchmarks 
 
 @dataclass
 class WavePrediction:
-    payload: dict | None  # {"tool_index", "arguments"} or None (no valid function answer)
+    payload: dict | None  # the payload's JSON form (`Payload.to_json()`), None without a valid function answer
     answers: list[dict]  # [{"kind": function|slot, "tool", "param", "text", "value"}]; value may be rows.UNKNOWN
     timings: dict[str, float]  # seconds: render, prefill, decode, join, total (vLLM: render, generate, join, total)
     payload_bytes: int
@@ -87,10 +88,10 @@ def finish_prediction(request: dict, keys: list[tuple], texts: list[str], timing
     joined = join_answers(request["tools"], answers)
     timings["join"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
-    report = {"dropped": joined.dropped, "missing_required": joined.missing_required,
-              "call_errors": joined.call_errors}
-    return WavePrediction(payload=joined.payload, answers=answers, timings=timings,
-                          payload_bytes=payload_bytes(joined.payload), n_prompts=len(keys), join_report=report)
+    payload = joined.payload
+    return WavePrediction(payload=payload.to_json() if payload else None, answers=answers, timings=timings,
+                          payload_bytes=payload.bytes if payload else 0, n_prompts=len(keys),
+                          join_report=joined.report)
 
 
 def prompt_settings(adapter: str | Path | None, compact: bool | None = None,

@@ -2,7 +2,7 @@
 
 import json
 
-from pipeline.runtime.hint import BARE_COMPACT, FENCED, call_formats, openings, payload_call, render, seam_tokens, \
+from pipeline.runtime.hint import BARE_COMPACT, FENCED, call_formats, hint_calls, openings, render, seam_tokens, \
     suffix_for, template_format
 from pipeline.runtime.parse import gold_payload, parse_calls
 
@@ -14,18 +14,22 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 CALL = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "f"}}
 
 
-def test_payload_call_accepts_valid_payloads_and_explains_the_rest():
-    assert payload_call({"tool_index": 0, "arguments": {"city": "Paris"}}, TOOLS) == (
-        {"name": "get_weather", "arguments": {"city": "Paris"}}, "")
-    assert payload_call({"tool_index": 0, "name": "calculate", "arguments": {}}, TOOLS)[0]["name"] == "calculate"
+def test_hint_calls_accept_valid_payloads_and_explain_the_rest():
+    assert hint_calls({"tool_index": 0, "arguments": {"city": "Paris"}}, TOOLS) == (
+        {"get_weather": {"name": "get_weather", "arguments": {"city": "Paris"}}}, "")
+    assert list(hint_calls({"tool_index": 0, "name": "calculate", "arguments": {}}, TOOLS)[0]) == ["calculate"]
+    both = {"tool_index": 1, "arguments": {}, "others": {"0": {"city": "Oslo"}}}  # the top tool first
+    assert list(hint_calls(both, TOOLS)[0]) == ["calculate", "get_weather"]
     for bad, why in [("garbage", "expected an object"), ({"tool_index": 2, "arguments": {}}, "not an index"),
                      ({"tool_index": True, "arguments": {}}, "not an index"),
                      ({"tool_index": 0, "arguments": "city=Paris"}, "expected an object"),
                      ({"tool_index": 0, "arguments": {"unit": "kelvin"}}, "do not fit the schema"),
+                     ({"tool_index": 1, "arguments": {}, "others": {"0": {"unit": "kelvin"}}}, "get_weather"),
+                     ({"tool_index": 1, "arguments": {}, "others": {"5": {}}}, "others key 5"),
                      ({"name": "nope", "arguments": {}}, "unknown tool")]:
-        call, msg = payload_call(bad, TOOLS)
-        assert call is None and why in msg, (bad, msg)
-    assert payload_call({"tool_index": 0, "arguments": {"unit": "kelvin"}}, TOOLS, validate=False)[0] is not None
+        calls, msg = hint_calls(bad, TOOLS)
+        assert calls == {} and why in msg, (bad, msg)
+    assert hint_calls({"tool_index": 0, "arguments": {"unit": "kelvin"}}, TOOLS, validate=False)[0]
 
 
 def test_template_format_is_probed_from_the_chat_template(tok):
@@ -91,3 +95,68 @@ def test_lenient_parse_repairs_bare_words_and_cut_off_calls():
     cut = '```json\n{\n  "name": "f",\n  "arguments": {\n    "a": [1, 2],\n    "b": "long val'
     assert parse_lenient(cut) == [{"name": "f", "arguments": {"a": [1, 2]}}]  # the last complete member, closed
     assert parse_lenient("no call here") == []
+
+
+# --- the hint drafter in the loop: every tool's draft, partial drafts, lossless ----------------------------------
+
+def _fenced(call):
+    return "```json\n" + json.dumps(call, indent=2) + "\n```"
+
+
+def test_hint_drafter_switches_to_the_tool_the_output_names(tok, requests):
+    from pipeline.runtime.drafters import Context, HintDrafter
+    from pipeline.runtime.sidecar_client import Ready
+
+    req = requests[0]  # get_weather(city, unit), calculate(expression, precision); gold get_weather(Paris, fahrenheit)
+    payload = {"tool_index": 1, "arguments": {"expression": "1+1"},
+               "others": {"0": {"city": "Paris", "unit": "fahrenheit"}}}
+    hint = HintDrafter(req, call_formats(tok), Ready(payload), 0.0)
+
+    def texts(text):
+        ctx = Context(tok, [], tok.encode(text, add_special_tokens=False), tok.eos_token_id, 64, text)
+        return [tok.decode(c) for c in hint.propose(ctx)]
+
+    assert '"name": "calculate"' in texts("")[0] and hint.other_tool is False  # the top tool first
+    assert texts('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "c')[0] == \
+        'ity": "Paris",\n    "unit": "fahrenheit"\n  }\n}\n```<|im_end|>'
+    assert hint.other_tool is True and hint.error is None and hint.top == "calculate"
+    assert texts('```json\n{\n  "name": "calculate",\n  "arguments": {\n    "')[0].startswith('expression": "1+1"')
+    assert hint.other_tool is False
+    only_top = HintDrafter(req, call_formats(tok), Ready({"tool_index": 1, "arguments": {}}), 0.0)
+    ctx = Context(tok, [], [], tok.eos_token_id, 64, '```json\n{\n  "name": "get_weather"')
+    assert only_top.propose(ctx) == [] and only_top.other_tool is False  # no draft for that tool: nothing
+
+
+def test_replay_accepts_hint_tokens_of_a_tool_that_is_not_the_top_one(tok, requests):
+    from pipeline.runtime import Ready, generate
+    from pipeline.runtime.drafters import History
+    from pipeline.runtime.replay import ReplayTarget
+
+    req = requests[0]
+    target = ReplayTarget(tok, {req["id"]: _fenced(req["gold"][0])})
+    top_only = {"tool_index": 1, "arguments": {"expression": "1+1"}}
+    with_others = dict(top_only, others={"0": {"city": "Paris", "unit": "fahrenheit"}})
+    runs = {name: generate(target, req, "ooo", sidecar=Ready(p), max_new_tokens=200, history=History())
+            for name, p in (("top", top_only), ("others", with_others))}
+    assert runs["top"].token_ids == runs["others"].token_ids == target.outputs[req["id"]]
+    assert runs["others"].stats.hint_tokens >= runs["top"].stats.hint_tokens + 8  # "Paris", "fahrenheit", closing
+    assert runs["others"].stats.forwards < runs["top"].stats.forwards
+    assert runs["others"].stats.payload_bytes == len(json.dumps(with_others, separators=(",", ":")))
+
+
+def test_partial_hint_without_a_required_slot_is_used_and_lossless(tok, requests, targets):
+    from pipeline.runtime import Ready, generate
+    from pipeline.runtime.drafters import History
+    from pipeline.runtime.replay import ReplayTarget
+
+    req = requests[0]  # get_weather requires city; the hint leaves it to the target
+    partial = {"tool_index": 0, "arguments": {"unit": "fahrenheit"}}
+    replay = ReplayTarget(tok, {req["id"]: _fenced(req["gold"][0])})
+    res = generate(replay, req, "ooo", sidecar=Ready(partial), max_new_tokens=200, history=History())
+    assert res.token_ids == replay.outputs[req["id"]] and res.stats.hint_error is None
+    assert res.stats.hint_tokens > 0  # the partial draft is proposed and accepted
+    for family, target in targets.items():  # float64 tiny targets: the output is ar's, token for token
+        ar = generate(target, req, "ar", max_new_tokens=20)
+        ooo = generate(target, req, "ooo", sidecar=Ready(partial), max_new_tokens=20)
+        assert ooo.token_ids == ar.token_ids and ooo.text == ar.text, family
+        assert ooo.stats.hint_error is None and ooo.stats.hint_ready_s is not None, family

@@ -178,8 +178,10 @@ def test_predict_decodes_parses_and_joins(tiny_models, monkeypatch):
               ("slot", 0, "city"): '"Paris"'}
     monkeypatch.setattr(wave, "run", _scripted_run(tok, script, request))
     pred = wave.predict(request)
-    assert pred.payload == {"tool_index": 1, "arguments": {"hotel": "Grand Hotel", "guests": ["Ann", "Bob"]}}
-    assert pred.payload_bytes == len(b'{"tool_index":1,"arguments":{"hotel":"Grand Hotel","guests":["Ann","Bob"]}}')
+    assert pred.payload == {"tool_index": 1, "arguments": {"hotel": "Grand Hotel", "guests": ["Ann", "Bob"]},
+                            "others": {"0": {"city": "Paris"}}}  # the other tool's draft rides along
+    assert pred.payload_bytes == len(b'{"tool_index":1,"arguments":{"hotel":"Grand Hotel","guests":["Ann","Bob"]},'
+                                     b'"others":{"0":{"city":"Paris"}}}')
     assert pred.join_report["dropped"][0]["param"] == "nights"  # minimum 1
     assert pred.join_report["missing_required"] == ["nights"]
     assert [a["text"] for a in pred.answers][:2] == ["1", '"Paris"']
