@@ -46,14 +46,14 @@ def bootstrap_ratio(num: list[float], den: list[float], n: int = 1000, seed: int
 def call_correct(text: str, request_gold: list[dict], gold_accept: list[dict] | None) -> bool | None:
     """Is the first call in `text` right (BFCL acceptable values where given)? None when there is no gold."""
     from .parsers import parse_calls
-    from .stages.labels import agrees_accept
+    from .scoring import call_accepted
 
     if not request_gold:
         return None
     calls = parse_calls(text).calls
     if not calls:
         return False
-    return agrees_accept(calls[0], {"gold": request_gold, "gold_accept": gold_accept})
+    return call_accepted(calls[0], request_gold, gold_accept)
 
 
 def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
