@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..io import InputError
 from ..schema import param_names
-from .rows import CALL_QUESTION, FUNCTION_QUESTION, answer_ids, render_prefix_and_suffixes, row_messages, slot_question
+from .rows import FUNCTION_QUESTION, answer_ids, render_prefix_and_suffixes, row_messages, slot_question
 
 IGNORE = -100
 PAD_SEGMENT = -1
@@ -38,8 +38,6 @@ def row_question(request: dict, row: dict, where: str = "rows") -> str:
     rid = request["id"]
     if kind == "function":
         question = FUNCTION_QUESTION
-    elif kind == "call":
-        question = CALL_QUESTION
     elif kind == "slot":
         tools, i, p = request["tools"], row.get("tool"), row.get("param")
         if not isinstance(i, int) or not 0 <= i < len(tools) or p not in param_names(tools[i]):
@@ -47,12 +45,13 @@ def row_question(request: dict, row: dict, where: str = "rows") -> str:
                              f"does not have; expected a tool index < {len(tools)} and one of its parameters")
         question = slot_question(tools, i, p)
     else:
-        raise InputError(f"{where} (record {rid}): row kind {kind!r}; expected 'function', 'slot' or 'call'")
+        raise InputError(f"{where} (record {rid}): row kind {kind!r}; expected 'function' or 'slot'")
     prompt = row.get("prompt")
     expected = row_messages(request, question)[-1]["content"]
     if not (isinstance(prompt, list) and prompt and prompt[-1].get("content") == expected):
         raise InputError(f"{where} (record {rid}): the {kind} row's prompt does not match the request's dialogue and "
-                         f"question {question!r}; the rows were built from a different request file")
+                         f"question {question!r}; the rows were built from a different request file or by an older "
+                         "rows.py (rerun `make labels`)")
     return question
 
 
@@ -66,7 +65,8 @@ def row_answer(row: dict, request_id: str, where: str = "rows") -> str:
 def keep_row(row: dict, null_keep: float, seed: int = 0) -> bool:
     """Subsample the `null` slot rows of tools that are not chosen; every other row is kept.
 
-    The decision hashes (seed, request, tool, param), so it is the same on every run, resume and process.
+    `rows.build_rows` writes slot rows for the called tool only, so rows from the labels stage have none to thin;
+    this applies to rows files of other origin that train the other tools' slots as `null`. The decision hashes (seed, request, tool, param), so it is the same on every run, resume and process.
     """
     if null_keep >= 1.0 or row.get("kind") != "slot" or row.get("chosen") or not row.get("null"):
         return True

@@ -6,10 +6,14 @@ the numbered tool block, and a user message carrying the dialogue followed by th
 the question is identical across a request's rows, so one KV cache of that prefix serves the whole wave; training packs
 the rows the same way (prefix once, then each question + answer).
 
+A slot question is conditional: "if tool [i] is called, the value of p" (`null` when such a call would omit p). The
+wave asks it for every (tool, parameter), so it drafts a call for every tool and a wrong function answer no longer
+costs the slots; training has an answer only for the called tool, so only its slots become rows.
+
 Label (one per request, from the teacher's call):
     {"id", "tool_index", "name", "arguments", "slots": [{"tool": i, "param": p, "value": v or None}, ...]}
-with a slot for EVERY (tool, parameter) of the request, `None` where the call omits the parameter and for all
-parameters of the tools that are not chosen.
+with a slot for every parameter of the called tool `i` (`None` where the call omits it); the other tools' slots have
+no label (what they would be called with is unknown) and are not trained.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from ..schema import param_names, tool_name, tool_params
 SYSTEM = ("You predict the tool call an assistant is about to make. The tools are numbered below. "
           "Answer each question with JSON only.")
 FUNCTION_QUESTION = "Which tool is called? Answer with its number."
-CALL_QUESTION = "Write the call as compact JSON {\"name\": ..., \"arguments\": {...}}."
 QUESTION_MARK = "\u2063Q\u2063"  # invisible sentinel used to split the rendered chat into prefix and suffix
 
 
@@ -37,7 +40,8 @@ UNKNOWN = Unknown()
 
 
 def slot_question(tools: list[dict], tool_index: int, param: str) -> str:
-    return f"Value of [{tool_index}] {tool_name(tools[tool_index])}.{param}? JSON, or null if the call does not set it."
+    return (f"If tool [{tool_index}] {tool_name(tools[tool_index])} is called, the value of {param}? JSON, or null if "
+            "such a call would omit it.")
 
 
 def slot_keys(tools: list[dict]) -> list[tuple[int, str]]:
@@ -124,22 +128,22 @@ def parse_function_answer(text: str, n_tools: int) -> int | None:
 
 
 def label_from_call(request: dict, call: dict) -> dict:
-    """Function index + a value (or None) for every (tool, parameter) of the request."""
+    """Function index + a value (or None) for every parameter of the called tool."""
     tools = request["tools"]
     names = [tool_name(t) for t in tools]
     if call["name"] not in names:
         raise ValueError(f"request {request['id']}: call names {call['name']!r}, not one of the offered tools {names}")
     chosen = names.index(call["name"])
     args = call.get("arguments") or {}
-    slots = [{"tool": i, "param": p, "value": args.get(p) if i == chosen else None} for i, p in slot_keys(tools)]
+    slots = [{"tool": chosen, "param": p, "value": args.get(p)} for p in param_names(tools[chosen])]
     return {"id": request["id"], "tool_index": chosen, "name": call["name"], "arguments": args, "slots": slots}
 
 
-def build_rows(request: dict, label: dict, compact: bool = True, direct_call: bool = False) -> list[dict]:
+def build_rows(request: dict, label: dict, compact: bool = True) -> list[dict]:
     """SFT rows in trl's conversational prompt-completion format, plus metadata for packing and subsampling.
 
-    Each row: {"prompt": [system, user], "completion": [assistant], "request_id", "kind": function|slot|call,
-    "tool", "param", "chosen" (slot of the chosen tool), "null" (answer is null)}.
+    Each row: {"prompt": [system, user], "completion": [assistant], "request_id", "kind": function|slot, "tool",
+    "param", "chosen" (slot of the called tool: always, for rows built here), "null" (answer is null)}.
     """
     tools = request["tools"]
     rows = [{"prompt": row_messages(request, FUNCTION_QUESTION, compact),
@@ -148,16 +152,12 @@ def build_rows(request: dict, label: dict, compact: bool = True, direct_call: bo
              "null": False}]
     for slot in label["slots"]:
         i, p, v = slot["tool"], slot["param"], slot["value"]
+        if i != label["tool_index"]:
+            continue  # a label written before slot rows were conditional: the other tools' answers are unknown
         rows.append({"prompt": row_messages(request, slot_question(tools, i, p), compact),
                      "completion": [{"role": "assistant", "content": answer_text(v)}],
-                     "request_id": request["id"], "kind": "slot", "tool": i, "param": p,
-                     "chosen": i == label["tool_index"], "null": v is None})
-    if direct_call:
-        call = {"name": label["name"], "arguments": label["arguments"]}
-        rows.append({"prompt": row_messages(request, CALL_QUESTION, compact),
-                     "completion": [{"role": "assistant", "content": answer_text(call)}],
-                     "request_id": request["id"], "kind": "call", "tool": label["tool_index"], "param": None,
-                     "chosen": True, "null": False})
+                     "request_id": request["id"], "kind": "slot", "tool": i, "param": p, "chosen": True,
+                     "null": v is None})
     return rows
 
 
@@ -180,16 +180,13 @@ def render_prefix_and_suffixes(tokenizer, request: dict, questions: list[str], c
     return prefix, suffixes
 
 
-def wave_questions(request: dict, direct_call: bool = False) -> tuple[list[str], list[tuple]]:
-    """The questions of one wave and what each asks: ("function",), ("slot", tool, param), ("call",)."""
+def wave_questions(request: dict) -> tuple[list[str], list[tuple]]:
+    """The questions of one wave and what each asks: ("function",) and ("slot", tool, param) for every tool."""
     tools = request["tools"]
     questions, keys = [FUNCTION_QUESTION], [("function",)]
     for i, p in slot_keys(tools):
         questions.append(slot_question(tools, i, p))
         keys.append(("slot", i, p))
-    if direct_call:
-        questions.append(CALL_QUESTION)
-        keys.append(("call",))
     return questions, keys
 
 

@@ -1,6 +1,6 @@
 """Labels: parse teacher traces into sidecar labels (function index + every slot) and SFT rows, reject the rest.
 
-Run as: python -m pipeline.stages.labels --recipe recipes/teacher/qwen2.5-coder-1.5b-cpu.yaml [labels.direct_call=true]
+Run as: python -m pipeline.stages.labels --recipe recipes/teacher/qwen2.5-coder-1.5b-cpu.yaml [labels.force=true]
 
 Reads `<data_dir>/traces/<teacher>/<split>.jsonl` and the requests they answer; writes into `<data_dir>/labels/<teacher>/`:
     <split>.jsonl        one label per accepted trace (pipeline.sidecar.rows.label_from_call + provenance fields)
@@ -9,8 +9,8 @@ Reads `<data_dir>/traces/<teacher>/<split>.jsonl` and the requests they answer; 
     stats.json           the report printed at the end; manifest.json
 Per trace: parse every call in the text (pipeline.parsers), keep the first call that names an offered tool and whose
 arguments satisfy its schema after schema-directed normalisation (the paper keeps the first valid call; how many traces
-had more than one call is counted), then compare with gold: exactly (same JSON values) and BFCL-style (any acceptable
-value per argument from `gold_accept`; "" marks an argument that may be omitted; strings compared as BFCL does).
+had more than one call is counted), then compare with gold: exactly and with BFCL's acceptable values
+(`pipeline.scoring`, the rules sidecar accuracy and the eval report use too).
 `labels.require_gold_agreement` drops calls that disagree with an existing gold call. Outputs are written atomically;
 a rerun with the same inputs and recipe does nothing (`labels.force=true` redoes it).
 """
@@ -18,7 +18,6 @@ a rerun with the same inputs and recipe does nothing (`labels.force=true` redoes
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -27,6 +26,7 @@ from pathlib import Path
 from ..io import InputError, iter_jsonl, read_json, sha256_file, where, write_json, write_jsonl, write_manifest
 from ..parsers import normalise_arguments, parse_calls
 from ..recipes import load_recipe, section
+from ..scoring import call_accepted, call_equal
 from ..schema import find_tool, tool_params, validation_errors
 from ..sidecar.rows import build_rows, label_from_call
 from ..requests import load_requests
@@ -40,13 +40,12 @@ class LabelsConfig:
     benchmarks: list[str] | str = "all"
     splits: list[str] = field(default_factory=lambda: ["train", "dev"])
     require_gold_agreement: bool = False  # drop calls that disagree with gold (BFCL-acceptable); fewer, cleaner rows
-    direct_call: bool = False             # one extra row per request: the whole call as compact JSON
     compact: bool = True                  # compact one-line-per-parameter tool block (shorter prefix) vs full JSON
     force: bool = False                   # redo even when inputs and recipe are unchanged
     allow_partial: bool = False           # label a traces run still in progress (<split>.jsonl.partial)
 
 
-LABEL_KEYS = {"require_gold_agreement", "direct_call", "compact", "force", "allow_partial"}
+LABEL_KEYS = {"require_gold_agreement", "compact", "force", "allow_partial"}
 
 
 def resolve(config: dict, where_: str = "recipe") -> LabelsConfig:
@@ -65,50 +64,6 @@ def resolve(config: dict, where_: str = "recipe") -> LabelsConfig:
 
 # --- agreement with gold (pure) -----------------------------------------------------------------------------------
 
-def json_equal(a, b) -> bool:
-    """Equal as JSON values: numbers by value (5 == 5.0), booleans never equal to numbers, objects key-order free."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
-
-
-def agrees_exact(call: dict, gold: list[dict]) -> bool:
-    return any(call["name"] == g["name"] and json_equal(call["arguments"], g.get("arguments") or {}) for g in gold)
-
-
-def _bfcl_str(s: str) -> str:
-    # BFCL's ast checker: drop spaces and , . / - _ * ^, lower-case, single quotes as double quotes
-    return re.sub(r"[ ,./\-_*^]", "", s).lower().replace("'", '"')
-
-
-def _value_matches(value, accepted) -> bool:
-    if isinstance(accepted, dict) and isinstance(value, dict):
-        return arguments_accepted(value, accepted)
-    if isinstance(accepted, list) and isinstance(value, list):
-        return len(accepted) == len(value) and all(_value_matches(v, a) for v, a in zip(value, accepted))
-    if isinstance(accepted, str) and isinstance(value, str):
-        return _bfcl_str(value) == _bfcl_str(accepted)
-    return json_equal(value, accepted)
-
-
-def arguments_accepted(args: dict, accept: dict) -> bool:
-    """BFCL rule: every given argument is known and takes one of its acceptable values; an omitted argument must list
-    "" (or null: an omitted slot is null to the sidecar) among its acceptable values. A nested object's acceptable value is again {key: [acceptable values]}."""
-    for key, value in args.items():
-        if key not in accept:
-            return False
-        options = accept[key] if isinstance(accept[key], list) else [accept[key]]
-        if not any(_value_matches(value, a) for a in options if a != ""):
-            return False
-    return all(key in args or (isinstance(opts, list) and ("" in opts or None in opts)) for key, opts in accept.items())
-
-
 def normalised_gold(tools: list[dict], call: dict) -> dict:
     """A gold call under the same schema-directed normalisation as the teacher's (Seal-Tools gold writes "85" for an
     integer; the data stage reports such gold as `gold_errors`), so agreement compares like with like."""
@@ -117,15 +72,6 @@ def normalised_gold(tools: list[dict], call: dict) -> dict:
         return call
     return {"name": call["name"], "arguments": normalise_arguments(call.get("arguments") or {},
                                                                    tool_params(tools[idx]))[0]}
-
-
-def agrees_accept(call: dict, request: dict) -> bool:
-    """Agreement with gold, acceptable-values aware where the request has `gold_accept`, exact otherwise."""
-    accept = request.get("gold_accept")
-    if not accept:
-        return agrees_exact(call, request["gold"])
-    return any(call["name"] == a["name"] and arguments_accepted(call["arguments"], a.get("arguments") or {})
-               for a in accept)
 
 
 # --- one trace -> label or rejection (pure) -----------------------------------------------------------------------
@@ -163,8 +109,9 @@ def label_trace(request: dict, trace: dict, require_gold_agreement: bool = False
     if request["gold"]:
         gold = [normalised_gold(tools, g) for g in request["gold"]]
         # BFCL's checker sees the raw call; its acceptable values may keep a type the schema does not allow
-        accept = agrees_accept(call, {**request, "gold": gold}) or agrees_accept(raw, request)
-        facts.update(gold_exact=agrees_exact(call, gold), gold_accept=accept)
+        accept = (call_accepted(call, gold, request.get("gold_accept"))
+                  or call_accepted(raw, request["gold"], request.get("gold_accept")))
+        facts.update(gold_exact=call_equal(call, gold), gold_accept=accept)
         if require_gold_agreement and not facts["gold_accept"]:
             return None, {**facts, "reason": "gold_disagreement",
                           "detail": f"teacher {call} vs gold {request['gold'][0]}"}
@@ -219,7 +166,7 @@ def label_split(cfg: LabelsConfig, split: str) -> tuple[list[dict], list[dict], 
             continue
         label["split"] = split
         labels.append(label)
-        rows += build_rows(request, label, cfg.compact, cfg.direct_call)
+        rows += build_rows(request, label, cfg.compact)
     st["labels"] = len(labels)
     stats = {**{k: st[k] for k in ("traces", "trace_errors", "parsed", "schema_valid", "multi_call", "with_gold",
                                    "gold_exact", "gold_accept", "normalised", "labels")},
@@ -250,10 +197,11 @@ def report_text(teacher: str, stats: dict) -> str:
 
 def code_checksums() -> dict:
     """The rules that make labels: a change in any of them makes a rerun redo the work."""
-    from .. import parsers
+    from .. import parsers, scoring
     from ..sidecar import rows as rows_module
 
-    return {Path(m.__file__).name: sha256_file(m.__file__) for m in (parsers, rows_module, sys.modules[__name__])}
+    return {Path(m.__file__).name: sha256_file(m.__file__)
+            for m in (parsers, scoring, rows_module, sys.modules[__name__])}
 
 
 def run(cfg: LabelsConfig, recipe: dict | None = None) -> dict:
@@ -292,7 +240,7 @@ def run(cfg: LabelsConfig, recipe: dict | None = None) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", required=True, help="a recipes/teacher/*.yaml file")
-    ap.add_argument("overrides", nargs="*", help="key=value (dotted: labels.direct_call=true, splits=[train])")
+    ap.add_argument("overrides", nargs="*", help="key=value (dotted: labels.force=true, splits=[train])")
     args = ap.parse_args(argv)
     recipe = load_recipe(args.recipe, args.overrides)
     cfg = resolve(recipe, args.recipe)

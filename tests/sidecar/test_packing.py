@@ -33,7 +33,9 @@ def test_sequence_is_prefix_once_then_each_row(tok, requests):
     rows = gold_rows(req)
     (seq,), dropped = pack_request(tok, req, rows)
     assert dropped == 0 and seq["n_rows"] == len(rows)
-    questions, _ = wave_questions(req)
+    questions, keys = wave_questions(req)
+    asked = [("function",)] + [("slot", r["tool"], r["param"]) for r in rows[1:]]  # the called tool's rows
+    questions = [questions[keys.index(k)] for k in asked]
     prefix, suffixes = render_prefix_and_suffixes(tok, req, questions)  # the wave's tokens
     P = len(prefix)
     assert seq["input_ids"][:P] == prefix and seq["segment_ids"][:P] == [0] * P
@@ -95,12 +97,16 @@ def test_max_length_splits_with_prefix_repeated_and_drops_oversize(tok, requests
 
 def test_null_subsampling_keeps_chosen_rows_and_is_deterministic(tok, requests):
     rows = [row for r in requests for row in gold_rows(r)]
+    assert all(r["chosen"] for r in rows)  # build_rows writes the called tool's slots only
+    unchosen = {**rows[1], "tool": 1 - rows[1]["tool"], "chosen": False, "null": True}  # a rows file of other origin
+    rows.append(unchosen)
     for row in rows:
         assert keep_row(row, 1.0)
         if row["kind"] != "slot" or row["chosen"] or not row["null"]:
             assert keep_row(row, 0.0)
         else:
             assert not keep_row(row, 0.0)
+    assert not keep_row(unchosen, 0.0) and keep_row(unchosen, 1.0)
     assert [keep_row(r, 0.5, seed=3) for r in rows] == [keep_row(r, 0.5, seed=3) for r in rows]
 
 

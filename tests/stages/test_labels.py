@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from pipeline.io import InputError, read_json, read_jsonl
-from pipeline.sidecar.rows import slot_keys
+from pipeline.schema import param_names
+from pipeline.sidecar.rows import build_rows, slot_keys
 from pipeline.stages import labels, traces
 from pipeline.testing import make_tokenizer
 
@@ -26,16 +27,21 @@ def fenced(call):
     return "```json\n" + json.dumps(call, indent=2) + "\n```"
 
 
-def test_slots_cover_every_tool_and_parameter_with_nulls():
+def test_slots_cover_the_called_tools_parameters_with_nulls():
     req = REQS["fixture/1"]  # get_weather(city, unit), book_hotel(hotel, nights, guests, options), calculate(...)
     label, facts = labels.label_trace(req, trace(fenced({"name": "book_hotel", "arguments": {"hotel": "Grand Hotel",
                                                                                              "nights": 3}})))
     assert facts["valid"] and label["tool_index"] == 1 and label["format"] == "fenced_json"
-    assert [(s["tool"], s["param"]) for s in label["slots"]] == slot_keys(req["tools"])
+    # only the called tool: what a call of another tool would hold is unknown, so those slots are not labelled
+    assert [(s["tool"], s["param"]) for s in label["slots"]] == [k for k in slot_keys(req["tools"]) if k[0] == 1]
     values = {(s["tool"], s["param"]): s["value"] for s in label["slots"]}
     assert values[(1, "hotel")] == "Grand Hotel" and values[(1, "nights")] == 3
     assert values[(1, "guests")] is None and values[(1, "options")] is None      # omitted by the call
-    assert all(v is None for (t, _), v in values.items() if t != 1)                # tools not chosen
+    rows = build_rows(req, label)
+    assert [(r["kind"], r["tool"], r["param"]) for r in rows] == [("function", None, None)] + [
+        ("slot", 1, p) for p in ("hotel", "nights", "guests", "options")]
+    assert rows[1]["prompt"][-1]["content"].endswith(
+        "If tool [1] book_hotel is called, the value of hotel? JSON, or null if such a call would omit it.")
     assert label["gold_exact"] is False and label["gold_accept"] is False          # gold also books guests/options
 
 
@@ -91,12 +97,7 @@ def test_bfcl_acceptable_values_and_gold_filter():
     assert labels.label_trace(req, bad)[0] is not None
     label, facts = labels.label_trace(req, bad, require_gold_agreement=True)
     assert label is None and facts["reason"] == "gold_disagreement"
-    nested = {"p": [{"size": ["large"], "milk": ["oat", ""]}]}
-    assert labels.arguments_accepted({"p": {"size": "Large"}}, nested)
-    assert not labels.arguments_accepted({"p": {"size": "large", "sugar": 1}}, nested)
-    assert not labels.arguments_accepted({}, nested)
-    assert labels.arguments_accepted({}, {"start_date": [None]})  # omitted = null to the sidecar
-    assert labels.json_equal({"a": [1, 2.0]}, {"a": [1.0, 2]}) and not labels.json_equal(True, 1)
+    # the rules themselves: tests/test_scoring.py
 
 
 def write_recipe(tmp_path, **labels_kw):
@@ -124,27 +125,29 @@ def setup_gold_run(tmp_path, requests, tokenizer_dir):
 def test_gold_round_trip_and_stage_outputs(tmp_path, tokenizer_dir, capsys):
     requests = list(REQS.values())
     setup_gold_run(tmp_path, requests, tokenizer_dir)
-    stats = labels.main(["--recipe", str(write_recipe(tmp_path, direct_call=True))])["train"]
+    stats = labels.main(["--recipe", str(write_recipe(tmp_path))])["train"]
     out = tmp_path / "labels" / "t"
     got = {lab["id"]: lab for lab in read_jsonl(out / "train.jsonl")}
     for req in requests:  # gold -> traces -> labels gives back the gold call
         assert {"name": got[req["id"]]["name"], "arguments": got[req["id"]]["arguments"]} == req["gold"][0]
         assert got[req["id"]]["gold_exact"] and got[req["id"]]["normalised"] == []
-    n_slots = sum(len(slot_keys(r["tools"])) for r in requests)
-    assert stats["rows"] == {"call": 4, "function": 4, "slot": n_slots}
+    n_slots = sum(len(param_names(t)) for r in requests for t in r["tools"] if t["function"]["name"] == r["gold"][0]["name"])
+    assert stats["rows"] == {"function": 4, "slot": n_slots}
     assert stats["traces"] == stats["parsed"] == stats["schema_valid"] == stats["gold_exact"] == 4
     rows = read_jsonl(out / "rows" / "train.jsonl")
-    assert len(rows) == 8 + n_slots and rows[0]["prompt"][0]["role"] == "system"
+    assert len(rows) == 4 + n_slots and rows[0]["prompt"][0]["role"] == "system"
     assert read_jsonl(out / "rejected.jsonl") == []
     assert read_json(out / "stats.json")["train"] == stats
     assert read_json(out / "manifest.json")["gold_traces"] is True
     printed = capsys.readouterr().out
     assert "gold exact    4/4 (100.0%)" in printed
     # unchanged inputs and recipe: nothing to do; a changed recipe redoes it
-    labels.main(["--recipe", str(write_recipe(tmp_path, direct_call=True))])
+    labels.main(["--recipe", str(write_recipe(tmp_path))])
     assert "up to date" in capsys.readouterr().out
-    stats = labels.main(["--recipe", str(write_recipe(tmp_path, direct_call=False))])["train"]
-    assert "call" not in stats["rows"]
+    labels.main(["--recipe", str(write_recipe(tmp_path, compact=False))])
+    assert "up to date" not in capsys.readouterr().out
+    with pytest.raises(InputError, match="direct_call"):  # the whole-call row is gone; its key is an error
+        labels.main(["--recipe", str(write_recipe(tmp_path, direct_call=True))])
 
 
 def test_rejected_file_and_missing_request_error(tmp_path, tokenizer_dir):
@@ -179,7 +182,8 @@ def test_real_traces_label_as_expected(case):
     assert facts.get("reason") == expect["reason"]
     if expect["reason"] is None:
         assert facts["gold_exact"] == expect["gold_exact"] and facts["gold_accept"] == expect["gold_accept"]
-        assert len(label["slots"]) == len(slot_keys(case["request"]["tools"]))
+        called = case["request"]["tools"][label["tool_index"]]
+        assert [s["param"] for s in label["slots"]] == list(called["function"]["parameters"]["properties"])
 
 
 def test_partial_traces_of_a_run_in_progress(tmp_path, tokenizer_dir):
