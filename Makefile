@@ -68,9 +68,8 @@ train-deepspeed-check: setup
 # Sidecar accuracy on dev and the evaluation benchmarks (function accuracy, slot exact match, nulls, payload bytes).
 ADAPTER ?= checkpoints/sidecar/smollm2-135m-cpu
 sidecar-eval: setup
-	$(PY) -m pipeline.sidecar.accuracy --adapter $(ADAPTER) --requests data/requests/bfcl/dev.jsonl \
-	  data/requests/seal_tools/dev.jsonl data/requests/api_bank/test.jsonl data/requests/toolalpaca/test.jsonl \
-	  data/requests/bfcl/test.jsonl data/requests/seal_tools/test.jsonl $(ARGS)
+	$(PY) -m pipeline.stages.sidecar_eval --recipe $(or $(RECIPE),$(SIDECAR)) \
+	  $(if $(filter command line,$(origin ADAPTER)),sidecar_eval.adapter=$(ADAPTER)) $(ARGS)
 
 bench-wave: setup
 	$(PY) scripts/bench_wave.py --model checkpoints/base/smollm2-135m-instruct --requests \

@@ -44,8 +44,9 @@ $PY -m pipeline.stages.train --recipe recipes/sidecar/tiny.yaml train.model=chec
 test -f checkpoints/smoke/sidecar/adapter_model.safetensors
 
 step "a wave prediction with the adapter (accuracy on 2 test requests; random model: numbers mean nothing)"
-$PY -m pipeline.sidecar.accuracy --model checkpoints/smoke/tiny-qwen2 --adapter checkpoints/smoke/sidecar \
-  --requests "$SMOKE/requests/bfcl/test.jsonl" --limit 2 --max-value-tokens 8 --out "$SMOKE/accuracy.json" --fresh
+$PY -m pipeline.stages.sidecar_eval --recipe recipes/sidecar/tiny.yaml sidecar_eval.model=checkpoints/smoke/tiny-qwen2 \
+  sidecar_eval.adapter=checkpoints/smoke/sidecar "sidecar_eval.requests=[$SMOKE/requests/bfcl/test.jsonl]" \
+  sidecar_eval.limit=2 sidecar_eval.out="$SMOKE/sidecar_eval" sidecar_eval.fresh=true
 
 step "runtime: tiny targets of three families, every method == ar"
 $PY -m pipeline.runtime.smoke --max-new-tokens 32

@@ -62,7 +62,7 @@ def resolve(config: dict, where: str) -> dict:
     from peft import LoraConfig
     from trl import SFTConfig
 
-    bad = sorted(set(config) - set(SECTIONS) - {"recipe_name"})
+    bad = sorted(set(config) - set(SECTIONS) - {"recipe_name", "sidecar_eval"})  # sidecar_eval: its own stage
     if bad:
         raise InputError(f"{where}: unknown top-level key(s) {bad}; expected sections {list(SECTIONS)}")
     train = {**DEFAULTS, **section(config, "train", set(DEFAULTS), where)}

@@ -1,0 +1,207 @@
+"""The `sidecar_eval` stage: run the sidecar's wave on requests and score it by benchmark (`make sidecar-eval`).
+
+Run as: python -m pipeline.stages.sidecar_eval --recipe recipes/sidecar/smollm2-135m-cpu.yaml [sidecar_eval.limit=25]
+
+Reads the `sidecar_eval:` section of a sidecar recipe; the adapter is the one the recipe trains (`sft.output_dir`,
+else checkpoints/sidecar/<recipe>) unless `sidecar_eval.adapter` names another (a recipe without `train:` runs the
+bare model), the model is the adapter's base model unless `sidecar_eval.model` names one. Requests: `limit` evenly spaced requests per file (every subset represented). Reference
+calls: with `teacher`, the labels in `<data_dir>/labels/<teacher>/` (the target's own calls, what a hint must
+match) where a request has one, gold otherwise; the table says which. Metrics: `pipeline.sidecar.accuracy`.
+Writes into `<out>` (default `<adapter>/sidecar_eval/`):
+    predictions.jsonl   one row per request (function answer, every slot answer, payload, timings); a rerun with the
+                        same model, adapter weights and settings resumes from it, other settings start it afresh
+    accuracy.json       summary by benchmark + all, skipped requests, config; accuracy.md the table; manifest.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..io import InputError, ResumableJsonl, atomic_open, iter_jsonl, sha256_file, write_json, write_manifest
+from ..recipes import load_recipe, section
+from ..requests import load_requests
+from ..sidecar.accuracy import (adapter_of, base_model_of, load_labels, markdown_table, prediction_row,
+                                reference_call, row_prediction, score_request, summarize)
+
+BACKENDS = ("transformers", "vllm")
+
+
+@dataclass
+class SidecarEvalConfig:
+    requests: list[str]                     # request JSONL files (globs allowed)
+    limit: int | None = None                # evenly spaced requests per file (None: all)
+    adapter: str | None = None              # default: the adapter this recipe trains (none without `train:`)
+    model: str | None = None                # default: the adapter's base model
+    teacher: str | None = None              # judge by <data_dir>/labels/<teacher>/ where a request has a label
+    data_dir: str = "data"
+    out: str | None = None                  # default: <adapter>/sidecar_eval
+    backend: str = "transformers"           # or vllm (all of a batch's waves in one generate call)
+    max_value_tokens: int = 32              # decode cap per slot answer
+    dtype: str = "float32"
+    tool_block: str | None = None           # compact | full; default: as the adapter was trained
+    chat_template_kwargs: dict | None = None  # default: as the adapter was trained
+    batch: int = 64                         # requests per generate call (vllm)
+    threads: int | None = None              # torch CPU threads
+    fresh: bool = False                     # ignore earlier predictions
+
+
+KEYS = set(SidecarEvalConfig.__dataclass_fields__)
+FINGERPRINT_KEYS = ("model", "adapter", "backend", "max_value_tokens", "dtype", "tool_block", "chat_template_kwargs")
+
+
+def resolve(recipe: dict, where_: str = "recipe") -> SidecarEvalConfig:
+    sec = dict(section(recipe, "sidecar_eval", KEYS, where_))
+    if not sec.get("requests"):
+        raise InputError(f"{where_}: sidecar_eval.requests is required (request JSONL files, globs allowed)")
+    cfg = SidecarEvalConfig(**sec)
+    if isinstance(cfg.requests, str):
+        cfg.requests = [cfg.requests]
+    if cfg.backend not in BACKENDS:
+        raise InputError(f"{where_}: sidecar_eval.backend={cfg.backend!r}; expected one of {BACKENDS}")
+    if cfg.tool_block not in (None, "compact", "full"):
+        raise InputError(f"{where_}: sidecar_eval.tool_block={cfg.tool_block!r}; expected compact or full")
+    if cfg.adapter is None and "train" in recipe:  # a recipe that trains an adapter evaluates it
+        cfg.adapter = str(adapter_of(recipe))
+    if cfg.model is None:
+        if cfg.adapter is None:
+            raise InputError(f"{where_}: set sidecar_eval.model, sidecar_eval.adapter, or both")
+        cfg.model = base_model_of(cfg.adapter)
+    return cfg
+
+
+def request_paths(cfg: SidecarEvalConfig) -> list[str]:
+    paths = []
+    for pattern in cfg.requests:
+        found = sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else [pattern]
+        if not found:
+            raise InputError(f"sidecar_eval.requests: {pattern!r} matches no file (run `make data` first)")
+        paths += found
+    return paths
+
+
+def label_paths(cfg: SidecarEvalConfig) -> list[Path]:
+    if not cfg.teacher:
+        return []
+    folder = Path(cfg.data_dir) / "labels" / cfg.teacher
+    if not folder.is_dir():
+        raise InputError(f"{folder}: no labels for teacher {cfg.teacher!r} (run `make labels` with its recipe, or "
+                         "unset sidecar_eval.teacher to judge by gold)")
+    return sorted(p for p in folder.glob("*.jsonl") if p.name != "rejected.jsonl")
+
+
+def out_dir(cfg: SidecarEvalConfig) -> Path:
+    if cfg.out:
+        return Path(cfg.out)
+    return (Path(cfg.adapter) if cfg.adapter else Path("eval/sidecar") / Path(cfg.model).name) / "sidecar_eval"
+
+
+def fingerprint(cfg: SidecarEvalConfig) -> str:
+    """What the predictions depend on: a change starts them afresh."""
+    text = json.dumps({k: getattr(cfg, k) for k in FINGERPRINT_KEYS}, sort_keys=True)
+    weights = [p for p in (Path(cfg.adapter or "-") / n for n in ("adapter_model.safetensors", "adapter_model.bin"))
+               if p.is_file()]
+    return text + (sha256_file(weights[0]) if weights else "")
+
+
+def make_wave(cfg: SidecarEvalConfig):
+    kwargs = dict(max_value_tokens=cfg.max_value_tokens, chat_template_kwargs=cfg.chat_template_kwargs,
+                  compact=None if cfg.tool_block is None else cfg.tool_block == "compact")
+    if cfg.backend == "vllm":
+        from ..sidecar.vllm_backend import VllmWave
+
+        return VllmWave(cfg.model, cfg.adapter, **kwargs)
+    from ..sidecar.wave import SlotWave
+
+    return SlotWave(cfg.model, cfg.adapter, dtype=cfg.dtype, **kwargs)
+
+
+def predict(cfg: SidecarEvalConfig, requests: list[dict], preds_path: Path) -> dict[str, dict]:
+    """Prediction rows of `requests`, resumed from `preds_path` when it holds the same fingerprint."""
+    fp = fingerprint(cfg)
+    for path in (preds_path, preds_path.with_name(preds_path.name + ".partial")):
+        if path.exists() and (cfg.fresh or _stale(path, fp)):
+            path.unlink()  # predictions of another model, adapter or setting
+    store = ResumableJsonl(preds_path)
+    todo = [r for r in requests if r["id"] not in store.done_ids()]
+    if todo:
+        from tqdm import tqdm
+
+        if cfg.threads:
+            import torch
+
+            torch.set_num_threads(cfg.threads)
+        wave = make_wave(cfg)
+        step = cfg.batch if cfg.backend == "vllm" else 1
+        with tqdm(total=len(todo), desc="sidecar_eval", unit="req") as bar:
+            for k in range(0, len(todo), step):
+                chunk = todo[k:k + step]
+                preds = wave.predict_many(chunk) if step > 1 else [wave.predict(chunk[0])]
+                for req, pred in zip(chunk, preds):
+                    store.write(prediction_row(req, pred, fp))
+                bar.update(len(chunk))
+    store.finish()
+    return {r["id"]: r for _, r in iter_jsonl(preds_path)}
+
+
+def _stale(path: Path, fp: str) -> bool:
+    with open(path, encoding="utf-8") as f:
+        first = f.readline()
+    try:
+        return json.loads(first).get("fingerprint") != fp
+    except json.JSONDecodeError:
+        return True
+
+
+def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
+    """Predict, score, write; returns what accuracy.json holds."""
+    paths, labels_files = request_paths(cfg), label_paths(cfg)
+    requests = load_requests(paths, cfg.limit, how="even")
+    labels = load_labels(labels_files)
+    out = out_dir(cfg)
+    rows = predict(cfg, requests, out / "predictions.jsonl")
+
+    scores, skipped = [], {}
+    for req in requests:
+        group = f"{req.get('benchmark', '?')}/{req.get('split', '?')}"
+        ref = reference_call(req, labels.get(req["id"]))
+        if ref is None:
+            skipped[group] = skipped.get(group, 0) + 1
+            continue
+        skipped.setdefault(group, 0)
+        row = rows[req["id"]]
+        s = score_request(req, row_prediction(row), ref)
+        s.update(group=group, latency_s=row["timings"].get("total"), n_prompts=row["n_prompts"])
+        scores.append(s)
+    summary = summarize(scores, skipped)
+    config = {k: v for k, v in asdict(cfg).items() if k not in ("fresh", "threads", "batch")}
+    inputs = [*paths, *map(str, labels_files)]
+    result = {"summary": summary, "reference": summary["all"]["reference"], "config": config,
+              "inputs": {p: sha256_file(p) for p in inputs}, "predictions": str(out / "predictions.jsonl")}
+    write_json(out / "accuracy.json", result)
+    table = markdown_table(summary)
+    with atomic_open(out / "accuracy.md") as f:
+        f.write(table)
+    write_manifest(out, "sidecar_eval", {"recipe": recipe, "resolved": config}, inputs)
+    print(table + f"\nwrote {out} ({len(scores)} scored, {sum(skipped.values())} skipped without a reference call)")
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", required=True, help="a recipes/sidecar/*.yaml file with a sidecar_eval: section")
+    ap.add_argument("overrides", nargs="*", help="key=value (sidecar_eval.limit=25 sidecar_eval.adapter=DIR ...)")
+    args = ap.parse_args(argv)
+    recipe = load_recipe(args.recipe, args.overrides)
+    return run(resolve(recipe, args.recipe), recipe)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except InputError as e:
+        sys.exit(f"error: {e}")
