@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..hardware import machine
 from ..io import InputError, ResumableJsonl, write_manifest
 from ..recipes import load_recipe, section
 from ..requests import load_requests, render_prompt, sample
@@ -107,10 +108,9 @@ def request_files(data_dir: str | Path, benchmarks: list[str] | str, split: str)
 
 
 def split_requests(files: list[Path], limit: int | None = None, seed: int = 0) -> list[dict]:
-    """The requests of one split's files (checked, gold required); with `limit`, the first N of a seeded shuffle
-    over all of them (raising the limit extends the sample)."""
-    return sample(load_requests(files, require_gold=True), limit, "shuffle", seed) if limit is not None \
-        else load_requests(files, require_gold=True)
+    """The requests of one split's files (checked, gold required) in a seeded shuffle over all of them, so a run
+    stopped early holds a sample of every benchmark; with `limit`, the first N (raising it extends the sample)."""
+    return sample(load_requests(files, require_gold=True), limit, "shuffle", seed)
 
 
 # --- prompts ------------------------------------------------------------------------------------------------------
@@ -273,6 +273,7 @@ class RuntimeBackend(Backend):
         self.target = Target.load(cfg.model, dtype=resolve_dtype(cfg.dtype, cfg.device), device=cfg.device,
                                   chat_template_kwargs=cfg.chat_template_kwargs, prefix_cache=cfg.prefix_cache)
         self.tokenizer = self.target.tokenizer
+        self.curve = self.target.calibrate(reps=5)  # the tree budget's cost curve (cached per machine and model)
 
     def run(self, batch):
         from ..runtime import Ready, generate
@@ -396,7 +397,7 @@ def run(cfg: TracesConfig, recipe: dict | None = None) -> dict:
     inputs = [f for _, files, _ in jobs for f in files]
     write_manifest(Path(cfg.data_dir) / "traces" / cfg.teacher, "traces",
                    {"recipe": recipe, "resolved": asdict(cfg)}, inputs,
-                   extra={"gold": cfg.backend == "gold", "backend": cfg.backend, "engine": engine_version(cfg.backend),
+                   extra={"machine": machine(cfg.dtype, cfg.threads), "gold": cfg.backend == "gold", "backend": cfg.backend, "engine": engine_version(cfg.backend),
                           "run": report})
     return report
 
