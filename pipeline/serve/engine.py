@@ -1,0 +1,221 @@
+"""One target, one worker thread, a bounded queue: the speculative runtime behind the HTTP server.
+
+The runtime is batch 1 (one KV cache per `Target`), so a single worker thread runs `generate` for one request at a
+time and the rest wait in a `queue.Queue(maxsize=queue_size)`; a request that finds the queue full is refused with
+503 and a `Retry-After` estimated from the mean service time. Events (tokens committed in a round, the result, an
+error) go back to the request's asyncio loop with `call_soon_threadsafe`. A streaming client that disconnects
+cancels its job: `on_commit` raises and the worker moves on.
+
+`tool_choice` "required" and a named function are lossless *forced prefixes*: the opening of a call in the
+target's own call format (`call_format`: the chat template's, or fenced / indented / compact JSON, see
+`pipeline.runtime.hint.call_formats`) up to the name's opening quote ("required") or through the name (a named
+function), e.g. ```` ```json\n{\n  "name": "get_weather" ```` for a fenced target, is appended to the rendered prompt as
+the start of the assistant turn. The target then writes its own greedy continuation of that prompt, and the
+answer's text is prefix + continuation. The prefix ends wherever the call text does, not on a token boundary the
+target would choose, which slightly shifts what it writes next; the output is still exactly its greedy answer to
+that prompt (tests compare it with `ar`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from pipeline.requests import render_prompt
+from pipeline.runtime import generate
+from pipeline.runtime.hint import PROBE_NAME, call_formats, render
+from pipeline.runtime.target import encode
+
+from .protocol import ApiError, Chat, bad
+
+log = logging.getLogger("pipeline.serve")
+CALL_FORMATS = ("auto", "template", "fenced", "indented", "compact")
+
+
+class Cancelled(Exception):
+    """The client went away; the job stops at the next commit."""
+
+
+def forced_prefix(tokenizer, chat: Chat, call_format: str = "auto") -> str:
+    """The forced start of the assistant turn for `tool_choice` "required" / a named function ("" otherwise)."""
+    if chat.tool_choice != "required" and chat.forced_name is None:
+        return ""
+    formats = {f.name: f for f in call_formats(tokenizer)}
+    fmt = next(iter(formats.values())) if call_format == "auto" else formats.get(call_format)
+    if fmt is None:
+        raise ValueError(f"call_format {call_format!r}: this target has {sorted(formats)} (or 'auto')")
+    name = chat.forced_name or PROBE_NAME
+    text = render({"name": name, "arguments": {}}, fmt)
+    at = text.index(json.dumps(name, ensure_ascii=False), text.index('"name"'))
+    return text[:at + 1] if chat.forced_name is None else text[:at + len(json.dumps(name, ensure_ascii=False))]
+
+
+def prompt_ids(target, request: dict, prefix: str = "") -> list[int]:
+    """The target's prompt: its chat template over the request (`render_prompt`), then the forced prefix."""
+    kwargs = getattr(target, "chat_template_kwargs", None)
+    return encode(target.tokenizer, render_prompt(target.tokenizer, request, kwargs) + prefix)
+
+
+class Prompted:
+    """`target` as `generate` sees it for one request: the same model, cache and histories, the prompt with the
+    forced prefix (`generate` reads the prompt through `target.prompt_ids`)."""
+
+    def __init__(self, target, prefix: str):
+        self._target, self._prefix = target, prefix
+
+    def prompt_ids(self, request: dict) -> list[int]:
+        return prompt_ids(self._target, request, self._prefix)
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+
+@dataclass
+class Job:
+    chat: Chat
+    prefix: str                     # forced start of the assistant turn ("" for tool_choice auto / none)
+    prompt_tokens: int
+    max_new_tokens: int
+    loop: object = None             # the asyncio loop of the HTTP request; None: events are only kept
+    events: object = None           # asyncio.Queue of ("tokens", ids) / ("done", Result) / ("error", exc)
+    cancelled: bool = False
+    result: object = None
+    waited_s: float = 0.0
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    def emit(self, kind: str, value) -> None:
+        if self.loop is None:
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the request's loop is gone (server shutting down)
+            self.cancelled = True
+
+
+class Engine:
+    """Runs chat jobs one at a time on `target` with `method` (the sidecar process for "ooo")."""
+
+    def __init__(self, target, method: str = "ooo", sidecar=None, *, model_name: str | None = None,
+                 queue_size: int = 8, max_tokens: int = 256, max_context: int | None = None,
+                 call_format: str = "auto"):
+        if call_format not in CALL_FORMATS:
+            raise ValueError(f"call_format {call_format!r}; expected one of {CALL_FORMATS}")
+        if queue_size < 1:
+            raise ValueError(f"queue_size {queue_size}: expected at least 1")
+        self.target, self.method, self.sidecar = target, method, sidecar
+        self.model_name = model_name or target.name
+        self.max_tokens, self.call_format = max_tokens, call_format
+        config = getattr(getattr(target, "model", None), "config", None)
+        self.max_context = max_context or getattr(config, "max_position_embeddings", None)
+        self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.running: Job | None = None
+        self.served = 0
+        self.service_s = 0.0
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------------------------
+    def start(self) -> Engine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="serve-worker", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._thread is not None:
+            while True:  # cancel what waits, then stop the worker
+                try:
+                    job = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                job.cancelled = True
+                job.emit("error", ApiError(503, "server shutting down", kind="server_error"))
+            self.queue.put(None)
+            self._thread.join(timeout=60)
+            self._thread = None
+        if self.sidecar is not None and hasattr(self.sidecar, "close"):
+            self.sidecar.close()
+
+    def health(self) -> dict:
+        return {"status": "ok", "model": self.model_name, "method": self.method, "max_context": self.max_context,
+                "queue": {"waiting": self.queue.qsize(), "size": self.queue.maxsize,
+                          "running": self.running is not None}, "served": self.served}
+
+    # --- requests -----------------------------------------------------------------------------------------------
+    def prepare(self, chat: Chat) -> Job:
+        """Render and measure the prompt; ApiError 400 if it does not fit the context."""
+        try:
+            prefix = forced_prefix(self.target.tokenizer, chat, self.call_format)
+        except ValueError as e:
+            raise ApiError(500, f"tool_choice cannot be forced: {e}", kind="server_error") from None
+        try:
+            n = len(prompt_ids(self.target, chat.request, prefix))
+        except Exception as e:  # noqa: BLE001 - a template that rejects the conversation (role order, ...)
+            raise bad(f"the chat template of {self.model_name} cannot render these messages: {e}",
+                      param="messages") from None
+        budget = chat.max_tokens or self.max_tokens
+        if self.max_context is not None:
+            if n >= self.max_context:
+                raise bad(f"the prompt has {n} tokens, the context of {self.model_name} is {self.max_context} "
+                          "tokens; shorten the messages or tools", param="messages", code="context_length_exceeded")
+            budget = min(budget, self.max_context - n)
+        return Job(chat, prefix, n, budget)
+
+    def retry_after(self) -> int:
+        mean = self.service_s / self.served if self.served else 1.0
+        return max(1, math.ceil(mean * (self.queue.qsize() + 1)))
+
+    def submit(self, job: Job, loop=None, events=None) -> Job:
+        """Queue `job` (events go to `events` on `loop`); ApiError 503 with Retry-After when the queue is full."""
+        job.loop, job.events = loop, events
+        job.enqueued = time.perf_counter()
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            wait = self.retry_after()
+            raise ApiError(503, f"server busy: {self.queue.maxsize} requests already wait for the target (batch 1); "
+                           f"retry in about {wait} s", code="queue_full", kind="server_error",
+                           headers={"Retry-After": str(wait)}) from None
+        return job
+
+    def execute(self, job: Job):
+        """Run one job now, in this thread (the worker's body; benchmarks call it directly)."""
+        def on_commit(ids: list[int]) -> None:
+            if job.cancelled:
+                raise Cancelled(job.chat.id)
+            job.emit("tokens", ids)
+
+        sidecar = self.sidecar if self.method == "ooo" else None
+        return generate(Prompted(self.target, job.prefix), job.chat.request, self.method, sidecar=sidecar,
+                        max_new_tokens=job.max_new_tokens, on_commit=on_commit if job.chat.stream else None)
+
+    def _work(self) -> None:
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            if job.cancelled:
+                continue
+            job.waited_s = time.perf_counter() - job.enqueued
+            self.running = job
+            t0, event = time.perf_counter(), None
+            try:
+                job.result = self.execute(job)
+                event = ("done", job.result)
+            except Cancelled:
+                log.info("%s: client disconnected, stopped", job.chat.id)
+            except Exception as e:  # noqa: BLE001 - one failed request must not stop the server
+                log.exception("%s: generation failed", job.chat.id)
+                event = ("error", ApiError(500, f"generation failed: {e!r}", kind="server_error"))
+            self.running = None
+            self.served += 1
+            self.service_s += time.perf_counter() - t0
+            if event is not None:
+                job.emit(*event)
+
+
+__all__ = ["Engine", "Job", "Prompted", "forced_prefix", "prompt_ids", "CALL_FORMATS", "Cancelled"]
