@@ -1,0 +1,122 @@
+"""Request conversion, the forced tool_choice prefix and the recipe -> engine path (no HTTP)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from pipeline.io import InputError
+from pipeline.recipes import load_recipe
+from pipeline.requests import render_prompt
+from pipeline.runtime.target import encode
+from pipeline.serve.cli import ServeConfig, build_engine
+from pipeline.serve.engine import Engine, forced_prefix
+from pipeline.serve.protocol import ApiError, parse_chat
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def chat(**body):
+    return parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]} | body, "m")
+
+
+def test_request_becomes_canonical():
+    c = chat(messages=[{"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
+                       {"role": "user", "content": "weather?"},
+                       {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                       {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+             tools=TOOLS, max_tokens=7)
+    assert set(c.request) == {"id", "messages", "tools"} and c.request["id"].startswith("chatcmpl-")
+    assert c.request["messages"][0] == {"role": "system", "content": "be brief"}
+    assert c.request["messages"][2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert c.request["messages"][3]["tool_call_id"] == "call_1"
+    assert c.request["tools"] == TOOLS and c.max_tokens == 7 and c.tool_choice == "auto" and c.parse_calls
+    none = chat(tools=TOOLS, tool_choice="none")
+    assert none.request["tools"] == [] and not none.parse_calls
+
+
+@pytest.mark.parametrize("body, status, needle", [
+    ({"model": "other"}, 404, "'other'"),
+    ({"messages": []}, 400, "messages"),
+    ({"temperature": 0.2}, 400, "greedily"),
+    ({"response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]}, 400, "'f'"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, 400, "sometimes"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "text"),
+    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "f", "arguments": "{oops"}}]}]}, 400, "arguments is not valid JSON"),
+])
+def test_bad_requests_name_the_problem(body, status, needle):
+    with pytest.raises(ApiError) as e:
+        chat(**body)
+    assert e.value.status == status and needle in e.value.message
+    assert set(e.value.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_forced_prefix_in_each_call_format(tiny):
+    named = chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    required = chat(tools=TOOLS, tool_choice="required")
+    assert forced_prefix(tiny.tok, named) == '<tool_call>\n{"name": "get_weather"'   # the tiny template's format
+    assert forced_prefix(tiny.tok, required) == '<tool_call>\n{"name": "'
+    assert forced_prefix(tiny.tok, named, "fenced") == '```json\n{\n  "name": "get_weather"'
+    assert forced_prefix(tiny.tok, named, "compact") == '{"name": "get_weather"'
+    assert forced_prefix(tiny.tok, chat(tools=TOOLS)) == ""
+
+
+def test_forced_prefix_ends_the_prompt(tiny):
+    target = tiny.target()
+    engine = Engine(target, "ar", max_context=4096)
+    c = chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    job = engine.prepare(c)
+    rendered = render_prompt(target.tokenizer, c.request)
+    assert job.prefix == '<tool_call>\n{"name": "get_weather"'
+    assert job.prompt_tokens == len(encode(target.tokenizer, rendered + job.prefix))
+    assert job.max_new_tokens == 256
+    small = Engine(target, "ar", max_context=job.prompt_tokens + 5)
+    assert small.prepare(c).max_new_tokens == 5  # max_tokens is clipped to what the context has left
+    with pytest.raises(ApiError) as e:
+        Engine(target, "ar", max_context=job.prompt_tokens).prepare(c)
+    assert e.value.code == "context_length_exceeded"
+
+
+def test_recipes_load_and_reject_unknown_keys():
+    for path in ("recipes/serve/tiny.yaml", "recipes/serve/qwen2.5-coder-1.5b-cpu.yaml"):
+        cfg = ServeConfig.from_recipe(load_recipe(path), path)
+        assert cfg.method == "ooo" and cfg.sidecar["model"] and cfg.queue_size >= 1
+    with pytest.raises(InputError, match="unknown key"):
+        ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", ["serve.batch=4"]))
+    with pytest.raises(InputError, match="method"):
+        ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", ["serve.method=fast"]))
+
+
+def test_build_engine_falls_back_without_sidecar(tmp_path, caplog, monkeypatch):
+    from pipeline.serve import cli
+    from pipeline.testing import make_tiny_model_dir
+
+    pinned = []
+    monkeypatch.setattr(cli, "pin", pinned.append)  # the test process keeps its threads
+
+    model = make_tiny_model_dir(tmp_path / "tiny")
+    base = [f"serve.target={model}", "serve.warmup=false", "serve.placement=colocated"]
+    with caplog.at_level(logging.WARNING, logger="pipeline.serve"):
+        cfg = ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", base + [
+            f"serve.sidecar.model={tmp_path / 'missing'}"]))
+        engine = build_engine(cfg)
+    assert engine.method == "toolspec" and engine.sidecar is None and "toolspec" in caplog.text
+    assert engine.model_name == "tiny" and engine.max_context == 1024
+    engine.close()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pipeline.serve"):
+        cfg = ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", base + [
+            f"serve.sidecar.model={model}", f"serve.sidecar.adapter={tmp_path / 'no-adapter'}"]))
+        engine = build_engine(cfg)
+    assert engine.method == "ooo" and engine.sidecar.factory_kwargs["adapter"] is None
+    assert engine.sidecar.factory_kwargs["cores"] == pinned[-1]  # colocated: the same cores
+    assert "adapter" in caplog.text
+    engine.close()
+    with pytest.raises(InputError, match="not found"):
+        build_engine(ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", [
+            f"serve.target={tmp_path / 'nothing'}"])))
