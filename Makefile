@@ -11,7 +11,7 @@ TORCH_CPU ?= torch==2.13.0
 ARGS ?=
 
 .PHONY: setup test lint smoke data traces labels vllm-traces train train-deepspeed-check sidecar-eval bench-wave \
-	bench-runtime profile-train eval report upload models vllm-setup
+	bench-runtime profile-train eval report upload models vllm-setup serve bench-serve
 
 setup: $(VENV)/.setup-done
 
@@ -94,3 +94,11 @@ report: setup
 # Publish the adapter: make upload REPO=user/name [ADAPTER=...] [ARGS=--dry-run]
 upload: setup
 	$(PY) -m pipeline.stages.upload --adapter $(ADAPTER) --repo $(REPO) $(ARGS)
+
+# OpenAI-compatible server over the speculative runtime (README, "Serving"): make serve [RECIPE=recipes/serve/tiny.yaml]
+serve: setup
+	$(PY) -m pipeline.serve --recipe $(or $(RECIPE),recipes/serve/qwen2.5-coder-1.5b-cpu.yaml) $(ARGS)
+
+# The server's HTTP overhead vs the same runtime in-process (ARGS="-n 4 --requests data/requests/bfcl/test.jsonl")
+bench-serve: setup
+	$(PY) scripts/bench_serve.py --recipe $(or $(RECIPE),recipes/serve/qwen2.5-coder-1.5b-cpu.yaml) $(ARGS)
