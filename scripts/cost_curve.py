@@ -3,8 +3,9 @@
 Run as: python scripts/cost_curve.py --model checkpoints/base/qwen2.5-coder-1.5b-instruct [--dtype auto float32 bfloat16]
             [--threads 2] [--past 512] [--replay eval/results/cpu/rows.jsonl]
 
-Prints the measured curve per dtype beside the AVX2-only AMD EPYC curves measured elsewhere (DESIGN facts), and for
-each curve the tree size the budget (pipeline/runtime/budget.py) chooses for a typical candidate tree at several
+Prints the measured curve per dtype beside the AVX2-only AMD EPYC curves measured elsewhere (docs/architecture.md,
+"Tree budget"), and for each curve the tree size the budget (pipeline/runtime/budget.py) chooses for a typical
+candidate tree at several
 acceptance rates. With --replay, the recorded `ar` outputs of an eval run are replayed through `toolspec` with each
 curve (ReplayTarget): chosen tree sizes, accepted tokens per forward and simulated decode seconds vs `ar`.
 """

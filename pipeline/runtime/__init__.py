@@ -1,6 +1,6 @@
 """The speculative runtime: one greedy verify loop over a target with a KV cache, ToolSpec drafters and the
-out-of-order sidecar hint; every method's output equals autoregressive decoding's (DESIGN.md, "The speculative
-runtime").
+out-of-order sidecar hint; every method's output equals autoregressive decoding's (docs/architecture.md, "The
+speculative runtime" and "Losslessness").
 
     from pipeline.runtime import Target, generate, Sidecar
     target = Target.load("checkpoints/base/qwen2.5-coder-1.5b-instruct", dtype="bfloat16")

@@ -1,6 +1,6 @@
 """Where is the output inside its JSON tool call? A tolerant scanner over partial JSON text, and the style seen.
 
-The drafters align hints and schema scaffolding *structurally* (DESIGN.md, "The speculative runtime"): a target
+The drafters align hints and schema scaffolding *structurally* (docs/architecture.md, "Call formats"): a target
 does not write what its template says (Qwen2.5-Coder writes a ```json fence around 2-space-indented JSON), so
 text-level matching fails at the first whitespace. `scan(text)` reads the output so far and returns a `JsonPos`:
 the container stack (which keys are written, which key's value is being written), the lexical state, the partial

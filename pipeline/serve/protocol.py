@@ -1,7 +1,8 @@
 """OpenAI chat-completions wire format: request checks -> the project's canonical request, and the response shapes.
 
 `parse_chat(body, model)` turns a request body into a `Chat` (the canonical request {"id", "messages", "tools"} of
-DESIGN.md plus the serving options) or raises `ApiError` with OpenAI's error shape and a message that names the
+docs/architecture.md, "Requests", plus the serving options) or raises `ApiError` with OpenAI's error shape and a
+message that names the
 field. The server decodes greedily at batch 1, so sampling that would change the output is refused (400) rather
 than ignored: temperature > 0, top_p < 1, n > 1, penalties, logit_bias, logprobs, stop sequences, a response format
 other than text. `completion`, `chunk` and `usage` build the response objects.

@@ -1,4 +1,4 @@
-"""Converters from raw benchmark files to canonical requests (DESIGN.md, "Request").
+"""Converters from raw benchmark files to canonical requests (docs/architecture.md, "Requests").
 
 Each source module exposes `BENCHMARK` (its name) and `load(root: Path) -> SourceResult`. A converter turns its
 source's parameter dialect into valid JSON Schema and parses gold calls, but never "fixes" data: records it cannot
