@@ -2,10 +2,15 @@
 
 Run as: python -m pipeline.report eval/results/<run>      (`make report RUN=<run>`)
 
-A row is one (target, benchmark, request, method) decode written by the `eval` stage. Nothing in a row's
-summary is trusted: speedups are ratios of summed wall times against the same target's `ar` rows on the same
-requests (with a bootstrap interval over requests), "identical to ar" compares token-id digests, and the target's
-tool-call accuracy is re-parsed from the `ar` text against the request's gold.
+A row is one (target, benchmark, request, variant) decode written by the runner (pipeline/runner.py); a variant is a
+method under a schedule (`ooo@adaptive`; baselines run on every core). Nothing in a row's summary is trusted:
+speedups are ratios of summed times against the same target's `ar` rows on the same requests, end to end and for the
+decode phase alone, with a bootstrap 95% interval over requests, once over all rows and once over the rows whose
+tokens are identical to `ar`'s; "identical to ar" compares token-id digests (and names the first differing token);
+upper bounds (`ooo-oracle`) are labelled and kept out of the means; for the hint, the share of rows whose hint was
+rejected (with the reasons), late or never ready, the hint's share of accepted draft tokens, tokens drafted for a
+tool other than the top one, and the sidecar's CPU seconds per request; the prefix cache's savings per benchmark; the
+target's tool-call accuracy is re-parsed from the `ar` text against the request's gold.
 """
 
 from __future__ import annotations
@@ -15,16 +20,26 @@ import csv
 import io
 import random
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from .io import atomic_open, read_jsonl, write_json
+from .runner import PEERS
+from .runtime.loop import METHOD_TABLE
 
-METHOD_ORDER = ["ar", "pld", "toolspec", "ooo", "ooo-oracle", "hf-pld", "hf-assisted"]
+METHOD_ORDER = list(METHOD_TABLE) + list(PEERS)
+
+
+def upper_bound(variant: str) -> bool:
+    method = variant.split("@")[0]
+    return method in METHOD_TABLE and METHOD_TABLE[method].upper_bound
 
 
 def _sorted_methods(methods) -> list[str]:
-    return sorted(methods, key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m))
+    def key(v):
+        m = v.split("@")[0]
+        return (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), v)
+    return sorted(methods, key=key)
 
 
 def bootstrap_ratio(num: list[float], den: list[float], n: int = 1000, seed: int = 0) -> tuple[float, float]:
@@ -56,114 +71,202 @@ def call_correct(text: str, request_gold: list[dict], gold_accept: list[dict] | 
     return call_accepted(calls[0], request_gold, gold_accept)
 
 
+def _ratio(num: list[float], den: list[float], n_boot: int) -> dict | None:
+    if not num or not sum(den):
+        return None
+    lo, hi = bootstrap_ratio(num, den, n_boot)
+    return {"ratio": round(sum(num) / sum(den), 3), "ci": [round(lo, 3), round(hi, 3)], "n": len(num)}
+
+
+def hint_outcome(row: dict) -> str:
+    """used / rejected (validation) / failed (sidecar error, timeout, crash) / late (not ready before the last
+    round) / none (no hint offered)."""
+    err = row.get("hint_error")
+    if err:
+        return "failed" if err.startswith("sidecar") else "rejected"
+    if row.get("hint_ready_s") is None:
+        return "late"
+    return "used" if row.get("hint_tokens_accepted") else "ready-unused"
+
+
 def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
     cells: dict[tuple, dict[str, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
     for r in rows:
-        cells[(r["target"], r["benchmark"])][r["method"]][r["request_id"]] = r
-    out = {"cells": [], "mean_over_cells": {}}
-    per_method_speedups: dict[str, list[float]] = defaultdict(list)
-    for (target, bench), by_method in sorted(cells.items()):
-        ar = by_method.get("ar", {})
-        cell = {"target": target, "benchmark": bench, "placement": None, "methods": {}}
+        cells[(r["target"], r["benchmark"])][r.get("variant") or r["method"]][r["request_id"]] = r
+    out = {"cells": [], "mean_over_cells": {}, "upper_bounds": {}, "prefix_cache": []}
+    per_variant: dict[str, list[float]] = defaultdict(list)
+    per_variant_dec: dict[str, list[float]] = defaultdict(list)
+    for (target, bench), by_variant in sorted(cells.items()):
+        ar = by_variant.get("ar", {})
+        ts = by_variant.get("toolspec", {})
+        cell = {"target": target, "benchmark": bench, "methods": {}}
         if ar:
             judged = [call_correct(r["text"], r.get("gold", []), r.get("gold_accept")) for r in ar.values()]
             judged = [j for j in judged if j is not None]
             cell["call_accuracy"] = round(sum(judged) / len(judged), 4) if judged else None
             cell["call_accuracy_n"] = len(judged)
-        for method in _sorted_methods(by_method):
-            mrows = by_method[method]
+            prompt = sum(r.get("prompt_tokens") or 0 for r in ar.values())
+            cached = sum(r.get("cached_tokens") or 0 for r in ar.values())
+            out["prefix_cache"].append({"target": target, "benchmark": bench, "requests": len(ar),
+                                        "prompt_tokens": prompt, "cached_tokens": cached,
+                                        "cached_share": round(cached / prompt, 4) if prompt else None,
+                                        "ar_prefill_s_mean": round(statistics.fmean(r["prefill_s"] for r in ar.values()), 3)})
+        for v in _sorted_methods(by_variant):
+            mrows = by_variant[v]
             common = sorted(set(mrows) & set(ar))
-            m = {"requests": len(mrows)}
-            placements = {r.get("placement") for r in mrows.values()}
-            m["placement"] = ",".join(sorted(p for p in placements if p))
+            m = {"requests": len(mrows), "schedule": next(iter(mrows.values())).get("schedule", "all-cores"),
+                 "upper_bound": upper_bound(v)}
             new = sum(r["new_tokens"] for r in mrows.values())
             fwd = sum(r["forwards"] for r in mrows.values())
             m["mean_accepted"] = round(new / fwd, 3) if fwd else None
+            sizes = [s for r in mrows.values() for s in r.get("tree_sizes") or []]
+            m["tree_size_mean"] = round(statistics.fmean(sizes), 2) if sizes else None
             if common:
-                ar_wall = [ar[i]["wall_s"] for i in common]
-                me_wall = [mrows[i]["wall_s"] for i in common]
-                m["speedup"] = round(sum(ar_wall) / sum(me_wall), 3)
-                lo, hi = bootstrap_ratio(ar_wall, me_wall, n_boot)
-                m["speedup_ci"] = [round(lo, 3), round(hi, 3)]
-                ar_dec = [ar[i]["decode_s"] for i in common]
-                me_dec = [mrows[i]["decode_s"] for i in common]
-                m["decode_speedup"] = round(sum(ar_dec) / sum(me_dec), 3) if sum(me_dec) else None
                 same = [mrows[i]["token_digest"] == ar[i]["token_digest"] for i in common]
+                ident = [i for i, ok in zip(common, same) if ok]
                 m["identical_to_ar"] = round(sum(same) / len(same), 4)
-                m["differs_from_ar"] = [i for i, s in zip(common, same) if not s]
-                per_method_speedups[method].append(m["speedup"])
-            if any(r.get("hint_ready_s") is not None for r in mrows.values()) or method.startswith("ooo"):
+                m["differs_from_ar"] = []
+                for i, ok in zip(common, same):
+                    if not ok:
+                        from .runner import first_difference
+
+                        at = first_difference(mrows[i].get("token_ids") or [], ar[i].get("token_ids") or [])
+                        m["differs_from_ar"].append({"request_id": i, "first_token": at})
+                for name, ids in (("all", common), ("identical", ident)):
+                    m[f"e2e_{name}"] = _ratio([ar[i]["wall_s"] for i in ids], [mrows[i]["wall_s"] for i in ids], n_boot)
+                    m[f"decode_{name}"] = _ratio([ar[i]["decode_s"] for i in ids], [mrows[i]["decode_s"] for i in ids],
+                                                 n_boot)
+                m["speedup"] = (m["e2e_all"] or {}).get("ratio")
+                m["decode_speedup"] = (m["decode_all"] or {}).get("ratio")
+                target_list = out["upper_bounds"] if m["upper_bound"] else None
+                if target_list is None:
+                    per_variant[v].append(m["speedup"])
+                    if m["decode_speedup"] is not None:
+                        per_variant_dec[v].append(m["decode_speedup"])
+                else:
+                    target_list.setdefault(v, []).append(m["speedup"])
+            tcommon = sorted(set(mrows) & set(ts))
+            if v.split("@")[0] == "ooo" and tcommon:
+                m["vs_toolspec_e2e"] = _ratio([ts[i]["wall_s"] for i in tcommon], [mrows[i]["wall_s"] for i in tcommon],
+                                              n_boot)
+                m["vs_toolspec_decode"] = _ratio([ts[i]["decode_s"] for i in tcommon],
+                                                 [mrows[i]["decode_s"] for i in tcommon], n_boot)
+            if v.split("@")[0].startswith("ooo"):
+                outcomes = Counter(hint_outcome(r) for r in mrows.values())
+                m["hint_outcomes"] = {k: round(c / len(mrows), 4) for k, c in sorted(outcomes.items())}
+                reasons = Counter(r["hint_error"][:80] for r in mrows.values() if r.get("hint_error"))
+                m["hint_reasons"] = dict(reasons.most_common(5))
                 ready = [r["hint_ready_s"] for r in mrows.values() if r.get("hint_ready_s") is not None]
                 m["hint_ready_s_median"] = round(statistics.median(ready), 3) if ready else None
-                m["hint_ready_share"] = round(len(ready) / len(mrows), 4)
-                m["hint_accepted_share"] = round(sum(r.get("hint_tokens_accepted", 0) for r in mrows.values())
-                                                 / new, 4) if new else None
+                hint = sum(r.get("hint_tokens_accepted", 0) for r in mrows.values())
+                drafted = sum(r.get("draft_tokens", 0) for r in mrows.values())
+                m["hint_share_of_draft"] = round(hint / drafted, 4) if drafted else None
+                m["hint_accepted_share"] = round(hint / new, 4) if new else None
+                other = sum(r.get("hint_other_tokens", 0) for r in mrows.values())
+                m["hint_other_tool_tokens"] = other
                 pb = [r["payload_bytes"] for r in mrows.values() if r.get("payload_bytes")]
                 m["payload_bytes_mean"] = round(statistics.fmean(pb), 1) if pb else None
-                # the target's own time to its first argument value (from its ar decode): a hint that is ready
-                # later than this can only help with the values that come after
+                cpu = [r["sidecar_cpu_s"] for r in mrows.values() if r.get("sidecar_cpu_s") is not None]
+                m["sidecar_cpu_s_mean"] = round(statistics.fmean(cpu), 3) if cpu else None
                 first = [r["first_value_s"] for r in ar.values() if r.get("first_value_s") is not None]
                 m["first_value_s_median"] = round(statistics.median(first), 3) if first else None
-            cell["methods"][method] = m
+            cell["methods"][v] = m
         out["cells"].append(cell)
-    out["mean_over_cells"] = {m: round(statistics.fmean(v), 3) for m, v in per_method_speedups.items()}
+    out["mean_over_cells"] = {v: round(statistics.fmean(x), 3) for v, x in per_variant.items()}
+    out["mean_decode_over_cells"] = {v: round(statistics.fmean(x), 3) for v, x in per_variant_dec.items()}
+    out["upper_bounds"] = {v: round(statistics.fmean(x), 3) for v, x in out["upper_bounds"].items()}
     return out
 
 
+def _r(d: dict | None) -> str:
+    return "-" if not d else f"{d['ratio']:.2f}x ({d['ci'][0]:.2f}-{d['ci'][1]:.2f})"
+
+
 def to_markdown(summary: dict, title: str = "") -> str:
-    lines = [f"# {title}" if title else "# Eval summary", ""]
-    lines.append("| target | benchmark | method | n | speedup vs ar (95% CI) | decode speedup | accepted/forward "
-                 "| identical to ar | hint ready (median s) | first value (median s) | hint tokens accepted "
-                 "| payload bytes |")
-    lines.append("|" + "---|" * 12)
+    fmt = lambda v, f="{:.2f}": f.format(v) if v is not None else "-"  # noqa: E731
+    lines = [f"# {title}" if title else "# Eval summary", "",
+             "Ratios are summed `ar` time / summed method time on the same requests (95% bootstrap interval). "
+             "Baselines run on every core; `ooo@<schedule>` names the schedule. Upper bounds are marked *(upper "
+             "bound)* and kept out of the means.", "",
+             "| target | benchmark | variant | n | end to end vs ar | decode vs ar | decode vs ar (identical rows) "
+             "| tokens/forward | tree size | identical to ar |",
+             "|" + "---|" * 10]
     for cell in summary["cells"]:
-        for method, m in cell["methods"].items():
-            ci = m.get("speedup_ci")
-            sp = f"{m['speedup']:.2f}x ({ci[0]:.2f}-{ci[1]:.2f})" if m.get("speedup") is not None else "-"
-            fmt = lambda v, f="{:.2f}": f.format(v) if v is not None else "-"
-            lines.append(f"| {cell['target']} | {cell['benchmark']} | {method} | {m['requests']} | {sp} | "
-                         f"{fmt(m.get('decode_speedup'), '{:.2f}x')} | {fmt(m.get('mean_accepted'))} | "
-                         f"{fmt(m.get('identical_to_ar'), '{:.0%}')} | {fmt(m.get('hint_ready_s_median'))} | "
-                         f"{fmt(m.get('first_value_s_median'))} | {fmt(m.get('hint_accepted_share'), '{:.0%}')} | "
-                         f"{fmt(m.get('payload_bytes_mean'), '{:.0f}')} |")
+        for v, m in cell["methods"].items():
+            name = f"{v} *(upper bound)*" if m.get("upper_bound") else v
+            lines.append(f"| {cell['target']} | {cell['benchmark']} | {name} | {m['requests']} | "
+                         f"{_r(m.get('e2e_all'))} | {_r(m.get('decode_all'))} | {_r(m.get('decode_identical'))} | "
+                         f"{fmt(m.get('mean_accepted'))} | {fmt(m.get('tree_size_mean'), '{:.1f}')} | "
+                         f"{fmt(m.get('identical_to_ar'), '{:.0%}')} |")
+    lines += ["", "## ooo against toolspec and the hint", "",
+              "| target | benchmark | variant | vs toolspec, end to end | vs toolspec, decode | hint share of accepted "
+              "draft tokens | other-tool hint tokens | hint outcomes | rejection reasons | hint ready (median s) "
+              "| first value (median s) | sidecar CPU s/request | payload bytes |", "|" + "---|" * 13]
+    for cell in summary["cells"]:
+        for v, m in cell["methods"].items():
+            if "hint_outcomes" not in m:
+                continue
+            outcomes = ", ".join(f"{k} {c:.0%}" for k, c in m["hint_outcomes"].items())
+            reasons = "; ".join(f"{k} ({c})" for k, c in m.get("hint_reasons", {}).items()) or "-"
+            lines.append(f"| {cell['target']} | {cell['benchmark']} | {v} | {_r(m.get('vs_toolspec_e2e'))} | "
+                         f"{_r(m.get('vs_toolspec_decode'))} | {fmt(m.get('hint_share_of_draft'), '{:.0%}')} | "
+                         f"{m.get('hint_other_tool_tokens', 0)} | {outcomes} | {reasons} | "
+                         f"{fmt(m.get('hint_ready_s_median'))} | {fmt(m.get('first_value_s_median'))} | "
+                         f"{fmt(m.get('sidecar_cpu_s_mean'))} | {fmt(m.get('payload_bytes_mean'), '{:.0f}')} |")
+    lines += ["", "## Prefix cache (ar rows)", "", "| target | benchmark | requests | prompt tokens | from the cache "
+              "| share | ar prefill mean s |", "|---|---|---|---|---|---|---|"]
+    for p in summary.get("prefix_cache", []):
+        lines.append(f"| {p['target']} | {p['benchmark']} | {p['requests']} | {p['prompt_tokens']} | "
+                     f"{p['cached_tokens']} | {fmt(p['cached_share'], '{:.0%}')} | {p['ar_prefill_s_mean']:.2f} |")
     lines += ["", "## Target tool-call accuracy (ar output vs gold)", "", "| target | benchmark | accuracy | n |",
               "|---|---|---|---|"]
     for cell in summary["cells"]:
         acc = cell.get("call_accuracy")
         lines.append(f"| {cell['target']} | {cell['benchmark']} | {'-' if acc is None else f'{acc:.0%}'} | "
                      f"{cell.get('call_accuracy_n', 0)} |")
-    lines += ["", "## Mean speedup over cells (unweighted, as the paper reports)", "", "| method | mean speedup |",
-              "|---|---|"]
-    for method in _sorted_methods(summary["mean_over_cells"]):
-        lines.append(f"| {method} | {summary['mean_over_cells'][method]:.2f}x |")
-    flagged = [(c["target"], c["benchmark"], meth, m["differs_from_ar"]) for c in summary["cells"]
-               for meth, m in c["methods"].items() if m.get("differs_from_ar")]
+    lines += ["", "## Mean over cells (unweighted, as the paper reports)", "",
+              "| variant | mean end to end | mean decode |", "|---|---|---|"]
+    for v in _sorted_methods(summary["mean_over_cells"]):
+        lines.append(f"| {v} | {summary['mean_over_cells'][v]:.2f}x | "
+                     f"{fmt(summary.get('mean_decode_over_cells', {}).get(v), '{:.2f}x')} |")
+    for v, x in summary.get("upper_bounds", {}).items():
+        lines.append(f"| {v} *(upper bound, not a method)* | {x:.2f}x | - |")
+    flagged = [(c["target"], c["benchmark"], v, m["differs_from_ar"]) for c in summary["cells"]
+               for v, m in c["methods"].items() if m.get("differs_from_ar")]
     if flagged:
-        lines += ["", "## Outputs that differ from ar (flagged)", ""]
-        for target, bench, meth, ids in flagged:
-            lines.append(f"- {target} / {bench} / {meth}: {len(ids)} request(s): {', '.join(ids[:10])}")
+        lines += ["", "## Outputs that differ from ar (first differing token)", ""]
+        for target, bench, v, diffs in flagged:
+            items = ", ".join(f"{d['request_id']} @ {d['first_token']}" for d in diffs[:10])
+            lines.append(f"- {target} / {bench} / {v}: {len(diffs)} request(s): {items}")
     return "\n".join(lines) + "\n"
 
 
 def to_csv(summary: dict) -> str:
     buf = io.StringIO()
-    fields = ["target", "benchmark", "method", "requests", "speedup", "speedup_ci_low", "speedup_ci_high",
-              "decode_speedup", "mean_accepted", "identical_to_ar", "hint_ready_s_median", "first_value_s_median",
-              "hint_accepted_share", "payload_bytes_mean", "call_accuracy", "placement"]
+    fields = ["target", "benchmark", "variant", "schedule", "upper_bound", "requests", "e2e", "e2e_ci_low",
+              "e2e_ci_high", "decode", "decode_ci_low", "decode_ci_high", "decode_identical", "mean_accepted",
+              "tree_size_mean", "identical_to_ar", "vs_toolspec_decode", "hint_share_of_draft",
+              "hint_other_tool_tokens", "hint_ready_s_median", "sidecar_cpu_s_mean", "payload_bytes_mean",
+              "call_accuracy"]
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
     for cell in summary["cells"]:
-        for method, m in cell["methods"].items():
-            ci = m.get("speedup_ci") or [None, None]
-            w.writerow({"target": cell["target"], "benchmark": cell["benchmark"], "method": method,
-                        "requests": m["requests"], "speedup": m.get("speedup"), "speedup_ci_low": ci[0],
-                        "speedup_ci_high": ci[1], "decode_speedup": m.get("decode_speedup"),
-                        "mean_accepted": m.get("mean_accepted"), "identical_to_ar": m.get("identical_to_ar"),
+        for v, m in cell["methods"].items():
+            e, d = m.get("e2e_all") or {}, m.get("decode_all") or {}
+            w.writerow({"target": cell["target"], "benchmark": cell["benchmark"], "variant": v,
+                        "schedule": m.get("schedule"), "upper_bound": m.get("upper_bound"), "requests": m["requests"],
+                        "e2e": e.get("ratio"), "e2e_ci_low": (e.get("ci") or [None])[0],
+                        "e2e_ci_high": (e.get("ci") or [None, None])[1], "decode": d.get("ratio"),
+                        "decode_ci_low": (d.get("ci") or [None])[0], "decode_ci_high": (d.get("ci") or [None, None])[1],
+                        "decode_identical": (m.get("decode_identical") or {}).get("ratio"),
+                        "mean_accepted": m.get("mean_accepted"), "tree_size_mean": m.get("tree_size_mean"),
+                        "identical_to_ar": m.get("identical_to_ar"),
+                        "vs_toolspec_decode": (m.get("vs_toolspec_decode") or {}).get("ratio"),
+                        "hint_share_of_draft": m.get("hint_share_of_draft"),
+                        "hint_other_tool_tokens": m.get("hint_other_tool_tokens"),
                         "hint_ready_s_median": m.get("hint_ready_s_median"),
-                        "first_value_s_median": m.get("first_value_s_median"),
-                        "hint_accepted_share": m.get("hint_accepted_share"),
-                        "payload_bytes_mean": m.get("payload_bytes_mean"),
-                        "call_accuracy": cell.get("call_accuracy"), "placement": m.get("placement")})
+                        "sidecar_cpu_s_mean": m.get("sidecar_cpu_s_mean"),
+                        "payload_bytes_mean": m.get("payload_bytes_mean"), "call_accuracy": cell.get("call_accuracy")})
     return buf.getvalue()
 
 
@@ -194,7 +297,7 @@ def plot(summary: dict, rows: list[dict], out_dir: Path) -> list[Path]:
         paths.append(p)
     acc = defaultdict(list)
     for r in rows:
-        acc[r["method"]].extend(r.get("accepted_lengths") or [])
+        acc[r.get("variant") or r["method"]].extend(r.get("accepted_lengths") or [])
     if acc:
         fig, ax = plt.subplots(figsize=(7, 4))
         top = max(max(v) for v in acc.values() if v) if any(acc.values()) else 1

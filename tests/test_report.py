@@ -40,8 +40,9 @@ def test_summary_numbers_are_recomputed():
     assert ooo["first_value_s_median"] == pytest.approx(3.5)
     assert ooo["hint_accepted_share"] == pytest.approx(30 / 60, abs=1e-3)
     assert ooo["payload_bytes_mean"] == pytest.approx(50)
-    lo, hi = ooo["speedup_ci"]
+    lo, hi = ooo["e2e_all"]["ci"]
     assert lo <= ooo["speedup"] <= hi
+    assert ooo["hint_outcomes"] == {"used": 1.0}
     assert cell["call_accuracy"] == 0.5 and cell["call_accuracy_n"] == 2
     assert s["mean_over_cells"]["ar"] == 1.0
 
@@ -49,9 +50,29 @@ def test_summary_numbers_are_recomputed():
 def test_peer_that_differs_from_ar_is_flagged():
     s = summarize(ROWS, n_boot=50)
     pld = s["cells"][0]["methods"]["hf-pld"]
-    assert pld["identical_to_ar"] == 0.5 and pld["differs_from_ar"] == ["r2"]
+    assert pld["identical_to_ar"] == 0.5 and pld["differs_from_ar"] == [{"request_id": "r2", "first_token": None}]
+    # over identical rows only, r2 (which differs) is left out: r1 alone
+    assert pld["decode_identical"]["ratio"] == pytest.approx(8 / 6, abs=1e-3) and pld["decode_identical"]["n"] == 1
     md = to_markdown(s)
     assert "Outputs that differ from ar" in md and "hf-pld: 1 request(s): r2" in md
+
+
+def test_upper_bound_kept_out_of_the_mean_and_hint_outcomes_counted():
+    rows = ROWS + [
+        row("ooo-oracle", "r1", 1.0, 0.5, 40, 2, "a1", variant="ooo-oracle", hint_ready_s=0.0, hint_tokens_accepted=38),
+        row("ooo", "r1", 5.0, 3.0, 40, 10, "a1", variant="ooo@split", schedule="split",
+            hint_error="arguments do not fit the schema of f: 'x' is not of type 'integer'", payload_bytes=30),
+        row("ooo", "r2", 3.0, 2.0, 20, 6, "a2", variant="ooo@split", schedule="split", hint_ready_s=None),
+        row("toolspec", "r1", 5.0, 3.0, 40, 10, "a1"), row("toolspec", "r2", 3.0, 2.0, 20, 6, "a2"),
+    ]
+    s = summarize(rows, n_boot=50)
+    assert "ooo-oracle" not in s["mean_over_cells"] and s["upper_bounds"]["ooo-oracle"] == pytest.approx(10.0)
+    split = s["cells"][0]["methods"]["ooo@split"]
+    assert split["hint_outcomes"] == {"late": 0.5, "rejected": 0.5} and split["schedule"] == "split"
+    assert split["vs_toolspec_decode"]["ratio"] == pytest.approx(1.0)
+    assert s["cells"][0]["methods"]["ooo"]["vs_toolspec_decode"]["ratio"] == pytest.approx(5 / 3, abs=1e-3)
+    md = to_markdown(s)
+    assert "ooo-oracle *(upper bound)*" in md and "arguments do not fit the schema" in md
 
 
 def test_bootstrap_interval_brackets_ratio():

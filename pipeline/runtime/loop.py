@@ -21,8 +21,32 @@ from .budget import TreeBudget
 from .target import Target
 from .verify import accept, best_chain, build_tree, truncate_at_stop
 
-METHODS = ("ar", "pld", "toolspec", "ooo", "ooo-oracle")
-HINT, SCHEMA, HISTORY, LOOKUP, EXTRA = 1, 2, 4, 8, 16
+HINT, SCHEMA, HISTORY, LOOKUP, EXTRA = 1, 2, 4, 8, 16  # draft source bits (a tree node may carry several)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A row of the method table: which drafters a method runs, and how a report must read its rows."""
+
+    name: str
+    drafters: tuple[str, ...]     # keys of DRAFTERS, best first
+    sidecar: bool = False         # takes a sidecar hint
+    upper_bound: bool = False     # not a real method: reported apart, kept out of means
+    description: str = ""
+
+
+# method -> drafters: eval, report, the server and the scripts read this one table
+METHOD_TABLE: dict[str, Method] = {m.name: m for m in (
+    Method("ar", (), description="autoregressive greedy decoding (the reference)"),
+    Method("pld", ("lookup1",), description="prompt lookup: n-gram match over prompt + output"),
+    Method("toolspec", ("schema", "history", "lookup"),
+           description="ToolSpec: schema state machine + history of earlier calls + lookup"),
+    Method("ooo", ("hint", "schema", "history", "lookup"), sidecar=True,
+           description="toolspec + the sidecar's hint, aligned structurally"),
+    Method("ooo-oracle", ("hint", "schema", "history", "lookup"), upper_bound=True,
+           description="ooo with the target's own ar call as an instantly ready hint: the ceiling of any sidecar"),
+)}
+METHODS = tuple(METHOD_TABLE)
 
 
 @dataclass
@@ -44,6 +68,9 @@ class Stats:
     stop: str = ""                    # "eos" or "length"
     hint_ready_s: float | None = None  # request arrival -> wave finished (None: not seen before the last round)
     hint_tokens: int = 0              # accepted draft tokens that a hint candidate proposed
+    hint_other_tokens: int = 0        # ... of them drafted for a tool other than the payload's top tool
+    draft_tokens: int = 0             # accepted draft tokens from any drafter (new tokens minus bonus tokens)
+    sidecar_cpu_s: float | None = None  # CPU seconds the sidecar's wave used for this request
     payload_bytes: int | None = None
     hint_error: str | None = None
 
@@ -76,18 +103,22 @@ def oracle_payload(target: Target, request: dict, oracle=None, max_new_tokens: i
     return payload_from_call(calls[0], request.get("tools") or []) if calls else None
 
 
+# drafter key -> (source bit, factory(target, request, prompt, pending, arrived, history, validate, formats))
+DRAFTERS = {
+    "lookup1": (LOOKUP, lambda t, r, p, *_: PromptLookup(p, k=10, max_cands=1)),
+    "lookup": (LOOKUP, lambda t, r, p, *_: PromptLookup(p, k=10, max_cands=2)),
+    "schema": (SCHEMA, lambda t, r, p, pend, arr, hist, val, fmts: SchemaDrafter(r, fmts)),
+    "history": (HISTORY, lambda t, r, p, pend, arr, hist, val, fmts: HistoryDrafter(hist)),
+    "hint": (HINT, lambda t, r, p, pend, arr, hist, val, fmts: HintDrafter(r, fmts, pend, arr, val)),
+}
+
+
 def _drafters(target: Target, request: dict, method: str, prompt: list[int], pending, arrived: float,
               history: History, validate: bool) -> list[tuple[object, int]]:
-    if method == "ar":
-        return []
-    if method == "pld":
-        return [(PromptLookup(prompt, k=10, max_cands=1), LOOKUP)]
-    formats = history.formats(call_formats(target.tokenizer))
-    out = [(SchemaDrafter(request, formats), SCHEMA), (HistoryDrafter(history), HISTORY),
-           (PromptLookup(prompt, k=10, max_cands=2), LOOKUP)]
-    if method in ("ooo", "ooo-oracle"):
-        out.insert(0, (HintDrafter(request, formats, pending, arrived, validate), HINT))
-    return out
+    keys = METHOD_TABLE[method].drafters
+    formats = history.formats(call_formats(target.tokenizer)) if keys else []
+    return [(DRAFTERS[k][1](target, request, prompt, pending, arrived, history, validate, formats), DRAFTERS[k][0])
+            for k in keys]
 
 
 def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *, max_new_tokens: int = 256,
@@ -166,7 +197,11 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
         path, bonus = accept(tree, argmax)
         new, stopped = truncate_at_stop([tree.tokens[i] for i in path] + [bonus], target.stop_ids,
                                         max_new_tokens - len(output))
-        stats.hint_tokens += sum(1 for i in path[:len(new)] if tree.sources[i] & HINT)
+        from_hint = sum(1 for i in path[:len(new)] if tree.sources[i] & HINT)
+        stats.hint_tokens += from_hint
+        if hint is not None and hint.other_tool:
+            stats.hint_other_tokens += from_hint
+        stats.draft_tokens += min(len(path), len(new))
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
         stats.forwards += 1
@@ -189,6 +224,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     stats.new_tokens = len(output)
     if hint is not None:  # a hint that arrives after the last round is "not ready" (hint_ready_s None)
         stats.hint_ready_s, stats.payload_bytes, stats.hint_error = hint.ready_s, hint.bytes, hint.error
+        stats.sidecar_cpu_s = getattr(pending, "cpu_s", None)
     body = output[:-1] if output and output[-1] in target.stop_ids else output
     text = target.decode(body)
     history.add(prompt, output, text)

@@ -7,7 +7,9 @@ It runs in a worker process so the target keeps decoding while the wave runs (th
 - `Sidecar(factory="pkg.module:make_wave", factory_kwargs={...}, start_method="spawn")` builds the wave inside
   the worker once (e.g. loads a model), so every request reuses it.
 `sidecar.start(request)` sends the request and returns a `Pending` at once; `pending.poll()` returns the payload
-once ready, else None. Timeouts, a worker that dies, exceptions and payloads that are not JSON set
+once ready, else None; `pending.running()` says whether the worker is computing the wave right now (it posts a
+"started" message, so the adaptive schedule can give the target the sidecar's core back the moment the wave ends);
+`pending.cpu_s` is the wave's CPU time (charged to the method that uses it). Timeouts, a worker that dies, exceptions and payloads that are not JSON set
 `pending.error` (logged by the caller) and the loop simply goes on without a hint.
 """
 
@@ -37,17 +39,20 @@ def _worker(wave, factory, factory_kwargs, inbox, outbox) -> None:
         try:
             wave = load_factory(factory)(**(factory_kwargs or {}))
         except Exception as e:  # noqa: BLE001 - reported to the parent, which ignores the sidecar
-            outbox.put((None, "error", f"sidecar factory failed: {e!r}", time.time()))
+            outbox.put((None, "error", f"sidecar factory failed: {e!r}", time.time(), None))
             return
     while True:
         item = inbox.get()
         if item is None:
             return
         rid, request = item
+        outbox.put((rid, "started", "", time.time(), None))  # the adaptive schedule yields a core from now on
+        cpu0 = time.process_time()
         try:
-            outbox.put((rid, "ok", json.dumps(wave(request)), time.time()))
+            body = json.dumps(wave(request))
+            outbox.put((rid, "ok", body, time.time(), time.process_time() - cpu0))
         except Exception as e:  # noqa: BLE001 - a failing wave is a missing hint, never a failed request
-            outbox.put((rid, "error", repr(e), time.time()))
+            outbox.put((rid, "error", repr(e), time.time(), time.process_time() - cpu0))
 
 
 class Pending:
@@ -60,6 +65,14 @@ class Pending:
         self.error: str | None = None
         self.done_s: float | None = None
         self.ready_wall: float | None = None  # wall clock (time.time) when the worker finished the wave
+        self.cpu_s: float | None = None       # CPU seconds of the worker process for this wave
+
+    def running(self) -> bool:
+        """Whether the worker is computing this request's wave right now (started, not finished). Never blocks."""
+        if self.payload is not None or self.error is not None or self.done_s is not None:
+            return False
+        self.sidecar._drain()
+        return self.rid in self.sidecar._started and self.rid not in self.sidecar._results
 
     def poll(self):
         """The payload if it has arrived, else None. Never blocks."""
@@ -68,7 +81,8 @@ class Pending:
         self.sidecar._drain()
         msg = self.sidecar._results.pop(self.rid, None)
         if msg is not None:
-            status, body, self.ready_wall = msg
+            status, body, self.ready_wall, self.cpu_s = msg
+            self.sidecar._started.pop(self.rid, None)
             self.done_s = time.perf_counter() - self.started
             if status != "ok":
                 self.error = f"sidecar wave failed: {body}"
@@ -92,6 +106,7 @@ class Ready:
     """A hint that is there from the start (ooo-oracle, gold hints): same interface as `Pending`."""
 
     error = None
+    cpu_s = None
 
     def __init__(self, payload):
         self.payload = payload
@@ -99,6 +114,9 @@ class Ready:
 
     def poll(self):
         return self.payload
+
+    def running(self) -> bool:
+        return False
 
 
 class Sidecar:
@@ -112,7 +130,8 @@ class Sidecar:
         self.timeout_s = timeout_s
         self._ids = itertools.count()
         self._proc = None
-        self._results: dict[int, tuple[str, str, float]] = {}
+        self._results: dict[int, tuple[str, str, float, float | None]] = {}
+        self._started: dict[int, float] = {}
 
     def _ensure(self) -> None:
         if self._proc is not None and self._proc.is_alive():
@@ -133,7 +152,7 @@ class Sidecar:
     def _drain(self) -> None:
         while self._proc is not None:
             try:
-                rid, status, body, at = self._outbox.get_nowait()
+                rid, status, body, at, cpu = self._outbox.get_nowait()
             except queue.Empty:
                 return
             except (EOFError, OSError):
@@ -141,7 +160,10 @@ class Sidecar:
             if rid is None:
                 log.warning("%s", body)
                 continue
-            self._results[rid] = (status, body, at)
+            if status == "started":
+                self._started[rid] = at
+                continue
+            self._results[rid] = (status, body, at, cpu)
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.is_alive()
@@ -158,6 +180,7 @@ class Sidecar:
         self._proc.join(timeout=5)
         self._proc = None
         self._results.clear()
+        self._started.clear()
 
     def close(self) -> None:
         if self.alive():

@@ -2,48 +2,40 @@
 
 Run as: python -m pipeline.stages.eval --recipe recipes/eval/cpu.yaml [eval.key=value ...]     (`make eval`)
 
-For every target, every benchmark's test requests (with an optional limit) are decoded with every method; one row
-per (target, benchmark, request, method) is appended to `eval/results/<run>/rows.jsonl` (a rerun skips finished
-rows), then the report (`pipeline.report`) is rendered from the rows. Methods: the runtime's `ar`, `pld`,
-`toolspec`, `ooo` (with the sidecar wave in its own process), `ooo-oracle`, and two external peers in the same
-process on the same target: transformers' prompt-lookup decoding (`hf-pld`) and assisted generation with a small
-draft model (`hf-assisted`; the universal path with `assistant_tokenizer` when the tokenizers differ). Every
-method's output is compared with `ar`'s token by token.
-
-Placement on CPU: `split` pins the target to all cores but one and the sidecar to the last core (the analogue of
-the paper's separate GPUs); `colocated` lets both use every core. `ar` always runs with the target's cores.
+For every target, every benchmark's test requests (evenly spaced with an optional limit) are decoded by the runner
+(pipeline/runner.py: every variant warmed up, shuffled per request, timed from arrival, baselines on every core,
+`ooo` under each of `eval.schedules`); one row per (target, benchmark, request, variant) is appended to
+`eval/results/<run>/rows.jsonl` (a rerun skips finished rows), then the report (`pipeline.report`) is rendered from
+the rows. Methods: the runtime's table (`pipeline.runtime.loop.METHOD_TABLE`) and two transformers peers in the same
+process on the same target: prompt-lookup decoding (`hf-pld`) and assisted generation with a small draft model
+(`hf-assisted`; the universal path with `assistant_tokenizer` when the tokenizers differ).
+The manifest records the machine (CPU model and flags, torch's CPU capability, dtype, threads) and each target's
+measured cost curve, the tree budget's input.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
 import sys
-import time
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
-from ..io import InputError, ResumableJsonl, read_jsonl, write_manifest
+from ..hardware import available_cores, machine, resolve_dtype
+from ..io import InputError, ResumableJsonl, write_manifest
 from ..recipes import load_recipe, section
+from ..requests import load_requests
+from ..runner import ALL_METHODS, PEERS, HFPeers, Runner, variant, variants
 from ..sidecar.factory import FACTORY
 
-RUNTIME_METHODS = ("ar", "pld", "toolspec", "ooo", "ooo-oracle")
-PEER_METHODS = ("hf-pld", "hf-assisted")
 KNOWN = {"run", "out", "requests_root", "split", "benchmarks", "targets", "methods", "sidecar", "assistant",
-         "placement", "max_new_tokens", "hf_pld_tokens", "threads", "sidecar_timeout_s", "warmup"}
-DEFAULTS = {"out": "eval/results", "requests_root": "data/requests", "split": "test", "placement": "split",
+         "schedules", "max_new_tokens", "hf_pld_tokens", "threads", "sidecar_timeout_s", "warmup", "seed",
+         "prefix_cache", "tree_budget"}
+DEFAULTS = {"out": "eval/results", "requests_root": "data/requests", "split": "test", "schedules": ["adaptive"],
             "max_new_tokens": 256, "hf_pld_tokens": 10, "threads": None, "sidecar_timeout_s": 60.0,
-            "methods": list(RUNTIME_METHODS + PEER_METHODS), "sidecar": None, "assistant": None, "warmup": True}
-
-
-def token_digest(ids: list[int], stop_ids: set[int]) -> str:
-    """Digest of the output tokens without a trailing stop token (runtimes differ in whether they keep it)."""
-    ids = list(ids)
-    while ids and ids[-1] in stop_ids:
-        ids.pop()
-    return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
+            "methods": list(ALL_METHODS), "sidecar": None, "assistant": None, "warmup": True, "seed": 0,
+            "prefix_cache": True, "tree_budget": "auto"}
 
 
 def round_robin(requests: dict[str, list[dict]]) -> list[tuple[str, dict]]:
@@ -54,192 +46,71 @@ def round_robin(requests: dict[str, list[dict]]) -> list[tuple[str, dict]]:
     return [pair for row in rows for pair in row if pair is not None]
 
 
-def placement_cores(placement: str, threads: int | None = None) -> tuple[list[int], list[int]]:
-    """(target cores, sidecar cores) for a placement."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    if threads:
-        cores = cores[:threads]
-    if placement == "split" and len(cores) >= 2:
-        return cores[:-1], cores[-1:]
-    if placement in ("split", "colocated"):
-        return cores, cores
-    raise InputError(f"eval.placement: {placement!r}; expected 'split' or 'colocated'")
-
-
-def pin(cores: list[int]) -> None:
-    import torch
-
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cores)
-    torch.set_num_threads(len(cores))
-
-
-def first_value_s(text: str, token_texts: list[str], prefill_s: float, decode_s: float) -> float | None:
-    """When the target starts writing its first argument value, estimated from an `ar` decode (even token pace)."""
-    import re
-
-    m = re.search(r'"(?:arguments|parameters)"\s*:\s*\{\s*"[^"]*"\s*:\s*', text)
-    if not m or not token_texts:
-        return None
-    pos, n = 0, 0
-    while n < len(token_texts) and pos < m.end():
-        pos += len(token_texts[n])
-        n += 1
-    return prefill_s + decode_s * n / len(token_texts)
-
-
-class HFPeers:
-    """transformers' own speculative decoding on the same loaded target (prompt lookup, assisted generation)."""
-
-    def __init__(self, target, assistant_path: str | None, dtype: str, pld_tokens: int):
-        import torch
-
-        self.target, self.pld_tokens = target, pld_tokens
-        self.forwards = 0
-        target.model.register_forward_hook(lambda *a: self._count())
-        self.assistant = self.assistant_tok = None
-        if assistant_path:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            self.assistant = AutoModelForCausalLM.from_pretrained(assistant_path, dtype=getattr(torch, dtype))
-            self.assistant = self.assistant.to(target.device).eval()
-            self.assistant_tok = AutoTokenizer.from_pretrained(assistant_path)
-            self.same_vocab = self.assistant_tok.get_vocab() == target.tokenizer.get_vocab()
-
-    def _count(self) -> None:
-        self.forwards += 1
-
-    def generate(self, request: dict, method: str, max_new_tokens: int) -> dict:
-        import torch
-
-        prompt = self.target.prompt_ids(request)
-        ids = torch.tensor([prompt], device=self.target.device)
-        kw = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
-                  eos_token_id=sorted(self.target.stop_ids), pad_token_id=self.target.tokenizer.pad_token_id
-                  or sorted(self.target.stop_ids)[0], attention_mask=torch.ones_like(ids))
-        if method == "hf-pld":
-            kw["prompt_lookup_num_tokens"] = self.pld_tokens
-        elif method == "hf-assisted":
-            if self.assistant is None:
-                raise InputError("method hf-assisted needs eval.assistant.path (a small draft model)")
-            kw["assistant_model"] = self.assistant
-            if not self.same_vocab:
-                kw["tokenizer"] = self.target.tokenizer
-                kw["assistant_tokenizer"] = self.assistant_tok
-        self.forwards = 0
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            out = self.target.model.generate(ids, **kw)
-        wall = time.perf_counter() - t0
-        new = out[0, len(prompt):].tolist()
-        return {"token_ids": new, "text": self.target.tokenizer.decode(new, skip_special_tokens=False),
-                "wall_s": wall, "forwards": max(self.forwards - 1, 1), "new_tokens": len(new)}
-
-
-def load_requests(cfg: dict) -> dict[str, list[dict]]:
-    out = {}
-    for bench, limit in (cfg["benchmarks"] or {}).items():
-        path = Path(cfg["requests_root"]) / bench / f"{cfg['split']}.jsonl"
-        if not path.is_file():
-            raise InputError(f"{path}: requests not found (run `make data` first, or fix eval.benchmarks)")
-        reqs = read_jsonl(path)
-        # A limit takes evenly spaced requests, so every subset (e.g. BFCL Java and JavaScript, API-Bank levels 1
-        # and 2) is represented in proportion; the choice is deterministic.
-        out[bench] = reqs[:: max(len(reqs) // limit, 1)][:limit] if limit else reqs
-    return out
+def benchmark_requests(cfg: dict) -> dict[str, list[dict]]:
+    """Each benchmark's test requests; a limit takes evenly spaced ones (every subset in proportion)."""
+    return {bench: load_requests(Path(cfg["requests_root"]) / bench / f"{cfg['split']}.jsonl", limit, how="even")
+            for bench, limit in (cfg["benchmarks"] or {}).items()}
 
 
 def run(cfg: dict, recipe: dict) -> Path:
-    from ..runtime import Sidecar, Target, generate
-    from ..runtime.loop import Result
+    from ..runtime import Target
+    from ..runtime.schedule import SCHEDULES
 
     run_dir = Path(cfg["out"]) / cfg["run"]
     methods = list(cfg["methods"])
-    unknown = sorted(set(methods) - set(RUNTIME_METHODS) - set(PEER_METHODS))
+    unknown = sorted(set(methods) - set(ALL_METHODS))
     if unknown:
-        raise InputError(f"eval.methods: unknown {unknown}; expected some of {RUNTIME_METHODS + PEER_METHODS}")
-    if "ar" not in methods:
-        methods.insert(0, "ar")
-    requests = load_requests(cfg)
-    target_cores, sidecar_cores = placement_cores(cfg["placement"], cfg["threads"])
+        raise InputError(f"eval.methods: unknown {unknown}; expected some of {ALL_METHODS}")
+    bad = sorted(set(cfg["schedules"]) - set(SCHEDULES))
+    if bad:
+        raise InputError(f"eval.schedules: unknown {bad}; expected some of {SCHEDULES}")
+    requests = benchmark_requests(cfg)
     sc = cfg.get("sidecar") or None
     if "ooo" in methods and not sc:
         raise InputError("eval.methods has 'ooo' but eval.sidecar is not set (model, adapter)")
     writer = ResumableJsonl(run_dir / "rows.jsonl", key="key")
     done = writer.done_ids()
     inputs = [Path(cfg["requests_root"]) / b / f"{cfg['split']}.jsonl" for b in requests]
-    write_manifest(run_dir, "eval", recipe, inputs, extra={"placement": {"mode": cfg["placement"],
-                   "target_cores": target_cores, "sidecar_cores": sidecar_cores}})
+    curves = {}
     try:
         for tcfg in cfg["targets"]:
             tname = tcfg["name"]
-            # Round-robin over benchmarks: a run stopped early still has rows in every cell.
             todo = [(b, r) for b, r in round_robin(requests)
-                    if any(f"{tname}|{b}|{r['id']}|{m}" not in done for m in methods)]
+                    if any(f"{tname}|{b}|{r['id']}|{v}" not in done
+                           for v in (variant(m, s) for m, s in variants(methods, cfg["schedules"])))]
             if not todo:
                 continue
-            pin(target_cores)
-            target = Target.load(tcfg["path"], dtype=tcfg.get("dtype", "bfloat16"), device=tcfg.get("device", "cpu"))
+            torch.set_num_threads(cfg["threads"] or len(available_cores()))
+            dtype = resolve_dtype(tcfg.get("dtype", "auto"), tcfg.get("device", "cpu"))
+            target = Target.load(tcfg["path"], dtype=dtype, device=tcfg.get("device", "cpu"),
+                                 chat_template_kwargs=tcfg.get("chat_template_kwargs"),
+                                 prefix_cache=cfg["prefix_cache"])
+            target.name = tname
+            if cfg["tree_budget"] == "auto":
+                curves[tname] = target.calibrate().as_dict()
             peers = None
-            if set(methods) & set(PEER_METHODS):
-                peers = HFPeers(target, (cfg.get("assistant") or {}).get("path"), tcfg.get("dtype", "bfloat16"),
-                                cfg["hf_pld_tokens"])
+            if set(methods) & set(PEERS):
+                peers = HFPeers(target, (cfg.get("assistant") or {}).get("path"), dtype, cfg["hf_pld_tokens"])
             sidecar = None
-            if "ooo" in methods:
-                sidecar = Sidecar(factory=FACTORY, start_method="spawn",
-                                  timeout_s=cfg["sidecar_timeout_s"],
-                                  factory_kwargs={"model": sc["model"], "adapter": sc.get("adapter"),
-                                                  "dtype": sc.get("dtype", "bfloat16"), "cores": sidecar_cores,
-                                                  "max_value_tokens": sc.get("max_value_tokens"),
-                                                  "device": sc.get("device", "cpu")})
-                sidecar._ensure()  # load the sidecar model before the clock starts on the first request
-            if cfg["warmup"]:
-                generate(target, todo[0][1], "ar", max_new_tokens=8)
-                target.histories.clear()
-                if sidecar is not None:  # wait for the worker's model load (one wave), so request 1 is not penalised
-                    pending = sidecar.start(todo[0][1])
-                    t0 = time.perf_counter()
-                    while pending.poll() is None and pending.error is None and time.perf_counter() - t0 < 600:
-                        time.sleep(0.05)
-            bar = tqdm(todo, desc=f"eval {tname}", unit="req")
-            for bench, req in bar:
-                ar_res = None
-                for method in methods:
-                    key = f"{tname}|{bench}|{req['id']}|{method}"
-                    if key in done and method != "ar":
-                        continue
-                    row = {"key": key, "run": cfg["run"], "target": tname, "benchmark": bench,
-                           "request_id": req["id"], "method": method, "placement": cfg["placement"],
-                           "gold": req.get("gold", []), "gold_accept": req.get("gold_accept")}
-                    if method in PEER_METHODS:
-                        out = peers.generate(req, method, cfg["max_new_tokens"])
-                        ar_prefill = ar_res.stats.prefill_s if ar_res else 0.0
-                        row.update(text=out["text"], token_digest=token_digest(out["token_ids"], target.stop_ids),
-                                   new_tokens=out["new_tokens"], forwards=out["forwards"], accepted_lengths=[],
-                                   prefill_s=ar_prefill, decode_s=max(out["wall_s"] - ar_prefill, 1e-9),
-                                   wall_s=out["wall_s"])
-                    else:
-                        res: Result = generate(target, req, method, sidecar=sidecar if method == "ooo" else None,
-                                               max_new_tokens=cfg["max_new_tokens"],
-                                               oracle=ar_res if method == "ooo-oracle" else None)
-                        if method == "ar":
-                            ar_res = res
-                            if key in done:
-                                continue  # re-run only to serve as the oracle of a resumed request
-                        st = res.stats
-                        row.update(text=res.text, token_digest=token_digest(res.token_ids, target.stop_ids),
-                                   new_tokens=st.new_tokens, forwards=st.forwards, accepted_lengths=st.accepted,
-                                   prefill_s=st.prefill_s, decode_s=st.decode_s, wall_s=st.wall_s,
-                                   overhead_s=st.overhead_s, tree_nodes=st.tree_nodes, stop=st.stop,
-                                   hint_ready_s=st.hint_ready_s,
-                                   hint_tokens_accepted=st.hint_tokens, payload_bytes=st.payload_bytes,
-                                   hint_error=st.hint_error)
-                        if method == "ar":
-                            pieces = [target.tokenizer.decode([t]) for t in res.token_ids]
-                            row["first_value_s"] = first_value_s(res.text, pieces, st.prefill_s, st.decode_s)
-                    writer.write(row)
-            if sidecar is not None:
-                sidecar.close()
+            if sc:
+                sidecar = {"factory": FACTORY, "kwargs": {"model": sc["model"], "adapter": sc.get("adapter"),
+                                                          "dtype": sc.get("dtype", "auto"),
+                                                          "max_value_tokens": sc.get("max_value_tokens"),
+                                                          "device": sc.get("device", "cpu")}}
+            runner = Runner(target, methods, run=cfg["run"], schedules=cfg["schedules"], sidecar=sidecar,
+                            peers=peers, max_new_tokens=cfg["max_new_tokens"], seed=cfg["seed"],
+                            threads=cfg["threads"], sidecar_timeout_s=cfg["sidecar_timeout_s"],
+                            tree_budget=cfg["tree_budget"])
+            try:
+                if cfg["warmup"]:
+                    runner.warmup(todo[0][1])
+                for bench, req in tqdm(todo, desc=f"eval {tname}", unit="req"):
+                    for row in runner.run(bench, req, done):
+                        writer.write(row)
+            finally:
+                runner.close()
+            write_manifest(run_dir, "eval", recipe, inputs,
+                           extra={"machine": machine(dtype, cfg["threads"]), "cost_curves": curves})
     finally:
         writer.close()
     writer.finish()

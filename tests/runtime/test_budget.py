@@ -133,3 +133,40 @@ def test_replay_with_a_curve_chooses_by_the_curve(tok, requests):
         sizes[name] = max(res.stats.tree_sizes)
         assert target.simulated_s > 0
     assert sizes["flat"] > sizes["steep"]
+
+
+def _slow_gold(request):
+    import time
+
+    time.sleep(1.0)
+    return gold_payload(request)
+
+
+def test_adaptive_schedule_yields_a_core_while_the_wave_computes(targets, requests):
+    import time
+
+    from pipeline.runtime import Sidecar
+    from pipeline.runtime.schedule import Schedule
+
+    target, req = targets["qwen2"], requests[0]
+    ar = generate(target, req, "ar", max_new_tokens=12)
+    adaptive, split = Schedule("adaptive", [0, 1]), Schedule("split", [0, 1])
+    assert adaptive.sidecar_cores == [1] and Schedule("colocated", [0, 1]).sidecar_cores == [0, 1]
+    assert adaptive.threads(None) == 2 and split.threads(None) == 1
+    try:
+        with Sidecar(_slow_gold) as sidecar:
+            pending = sidecar.start(req)
+            t0 = time.perf_counter()
+            while not pending.running() and time.perf_counter() - t0 < 10:
+                time.sleep(0.01)
+            assert pending.running() and adaptive.threads(pending) == 1
+            res = generate(target, req, "ooo", sidecar=pending, schedule=adaptive, max_new_tokens=12)
+            assert res.token_ids == ar.token_ids and res.stats.threads[0] == 1
+            while pending.poll() is None and pending.error is None and time.perf_counter() - t0 < 10:
+                time.sleep(0.01)
+            assert not pending.running() and adaptive.threads(pending) == 2
+            assert pending.cpu_s is not None and pending.cpu_s < 0.9  # the wave slept: little CPU is charged
+    finally:
+        import torch
+
+        torch.set_num_threads(1)

@@ -27,7 +27,7 @@ def recipe(root, methods, run="r"):
     text = {"eval": {"run": run, "out": str(root / "results"), "requests_root": str(root / "requests"),
                      "benchmarks": {"fixture": 2},
                      "targets": [{"name": "tiny", "path": str(root / "tiny-qwen2"), "dtype": "float32"}],
-                     "methods": methods, "placement": "colocated", "max_new_tokens": 12,
+                     "methods": methods, "schedules": ["adaptive", "colocated"], "max_new_tokens": 12,
                      "sidecar": {"model": str(root / "tiny-qwen2"), "dtype": "float32", "max_value_tokens": 4},
                      "assistant": {"path": str(root / "tiny-llama")}, "sidecar_timeout_s": 120}}
     path = root / f"{run}-{len(methods)}.yaml"
@@ -55,12 +55,21 @@ def test_eval_all_methods_then_resume(setup):
     eval_stage.main(["--recipe", str(recipe(root, ["ar", "pld", "toolspec", "hf-pld", "hf-assisted", "ooo",
                                                    "ooo-oracle"]))])
     rows2 = read_jsonl(run_dir / "rows.jsonl")
-    assert len(rows2) == 2 * 7 and len({r["key"] for r in rows2}) == len(rows2)
+    # ooo once per schedule (adaptive, colocated): 8 variants per request
+    assert len(rows2) == 2 * 8 and len({r["key"] for r in rows2}) == len(rows2)
     assert [r for r in rows2 if r["key"] in {x["key"] for x in rows}] == rows
-    by = {(r["request_id"], r["method"]): r for r in rows2}
+    by = {(r["request_id"], r["variant"]): r for r in rows2}
     for rid in {r["request_id"] for r in rows2}:
-        assert by[(rid, "ooo")]["token_digest"] == by[(rid, "ar")]["token_digest"]
-        assert by[(rid, "ooo-oracle")]["token_digest"] == by[(rid, "ar")]["token_digest"]
+        for v in ("ooo@adaptive", "ooo@colocated", "ooo-oracle"):
+            assert by[(rid, v)]["token_digest"] == by[(rid, "ar")]["token_digest"]
+        assert by[(rid, "ooo@adaptive")]["schedule"] == "adaptive" and by[(rid, "ar")]["schedule"] == "all-cores"
+        assert by[(rid, "ooo@adaptive")]["sidecar_cpu_s"] is not None
+    # every baseline ran with all the cores this process may use
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert all(r["threads"] == cores for r in rows2)
+    assert all(set(r.get("target_threads") or [cores]) == {cores} for r in rows2 if r["schedule"] == "all-cores")
 
 
 def test_eval_bad_method_and_missing_requests(setup, tmp_path):

@@ -1,0 +1,51 @@
+"""Where the target and the sidecar compute on a CPU: the schedules `ooo` is measured under, on the same cores.
+
+- `all-cores`: the target uses every core (the baselines: a user running plain decoding gets the whole machine);
+- `split`: the target on n-1 cores, the sidecar on the last one (the analogue of the paper's separate GPUs);
+- `colocated`: target and sidecar both use every core (they contend while the wave runs);
+- `adaptive`: the sidecar on the last core; the target uses every core except while the wave is computing (the
+  sidecar posts when it starts and finishes; the target changes its thread count at round boundaries).
+A schedule gives the sidecar's cores (where its worker is pinned) and, through `threads(pending)`, the target's
+thread count before prefill and at every round boundary (see `generate(schedule=...)`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.hardware import available_cores
+
+SCHEDULES = ("all-cores", "split", "colocated", "adaptive")
+
+
+@dataclass
+class Schedule:
+    name: str
+    cores: list[int]
+
+    def __post_init__(self):
+        if self.name not in SCHEDULES:
+            raise ValueError(f"schedule {self.name!r}; expected one of {SCHEDULES}")
+
+    @classmethod
+    def on(cls, name: str, threads: int | None = None) -> Schedule:
+        cores = available_cores()
+        return cls(name, cores[:threads] if threads else cores)
+
+    @property
+    def sidecar_cores(self) -> list[int]:
+        """The cores the sidecar worker is pinned to."""
+        if self.name in ("split", "adaptive") and len(self.cores) > 1:
+            return self.cores[-1:]
+        return list(self.cores)
+
+    def threads(self, pending) -> int:
+        """The target's threads now: n-1 under `split`, and under `adaptive` while the wave computes."""
+        n = len(self.cores)
+        if n > 1 and (self.name == "split" or (self.name == "adaptive" and pending is not None
+                                                and getattr(pending, "running", lambda: False)())):
+            return n - 1
+        return n
+
+
+__all__ = ["Schedule", "SCHEDULES"]
