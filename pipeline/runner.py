@@ -178,7 +178,7 @@ class Runner:
             return self.peers.generate(request, method, max_new_tokens)
         return generate(self.target, request, method, sidecar=self.sidecar_for(schedule),
                         oracle=ar if method == "ooo-oracle" else None, max_new_tokens=max_new_tokens,
-                        schedule=sched, tree_budget=self.tree_budget)
+                        schedule=sched, tree_budget=self.tree_budget, variant=variant(method, schedule))
 
     def order(self, request_id: str) -> list[tuple[str, str]]:
         order = list(self.variants)

@@ -124,7 +124,7 @@ def _drafters(target: Target, request: dict, method: str, prompt: list[int], pen
 def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *, max_new_tokens: int = 256,
              max_nodes: int = 32, max_depth: int = 24, history: History | None = None, oracle=None,
              validate_hint: bool = True, extra_drafters: list | None = None, on_commit=None,
-             tree_budget: str = "auto", schedule=None) -> Result:
+             tree_budget: str = "auto", schedule=None, variant: str | None = None) -> Result:
     """Decode `request` greedily with `method`; the tokens equal `ar`'s for every method and any sidecar.
 
     sidecar: for "ooo", a `Sidecar` (started here, when the request arrives) or an already started hint
@@ -139,6 +139,8 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
       always up to max_nodes.
     schedule: an object with `threads(pending) -> int` asked before prefill and at every round boundary (the adaptive
       schedule: every core except while the sidecar's wave computes); None leaves the threads alone.
+    variant: the key of this run's history and acceptance statistics (default: the method); variants of one method
+      (e.g. ooo under two schedules) must not see each other's outputs of the same request.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
@@ -150,7 +152,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     started, arrived = time.perf_counter(), time.time()  # the request arrives
     if method == "ooo" and sidecar is not None:
         pending = sidecar.start(request) if hasattr(sidecar, "start") else sidecar
-    history = history if history is not None else target.histories.setdefault(method, History())
+    history = history if history is not None else target.histories.setdefault(variant or method, History())
     stats = Stats(method)
     prompt = target.prompt_ids(request)
     stats.prompt_tokens = len(prompt)
@@ -162,7 +164,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     make_tree = build_tree if target.tree else best_chain
     budget = None
     if tree_budget == "auto" and getattr(target, "curve", None) is not None and drafters:
-        budget = target.budgets.setdefault(method, TreeBudget(target.curve, max_nodes))
+        budget = target.budgets.setdefault(variant or method, TreeBudget(target.curve, max_nodes))
     elif tree_budget not in ("auto", "fixed"):
         raise ValueError(f"tree_budget {tree_budget!r}; expected 'auto' or 'fixed'")
 

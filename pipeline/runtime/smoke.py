@@ -19,7 +19,7 @@ from pipeline.io import read_jsonl
 from .loop import METHODS, generate
 from .parse import gold_payload
 from .replay import ReplayTarget
-from .sidecar_client import Ready, Sidecar
+from .sidecar_client import Ready
 from .target import Target
 
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -44,40 +44,48 @@ def tiny_target(family: str, tokenizer=None, scale: float = 0.3, seed: int = 1, 
 
 
 def run(requests: list[dict], max_new_tokens: int) -> int:
+    """Every method through the runner (the same one `make eval` uses) on tiny targets; then the replay target."""
     import torch
 
+    from pipeline.runner import Runner
     from pipeline.testing import make_tokenizer
 
     torch.set_num_threads(1)
     tok = make_tokenizer()
     failures = 0
-    print(f"{'target':12} {'request':12} " + " ".join(f"{m:>14}" for m in METHODS))
-    with Sidecar(gold_payload) as sidecar:
-        for family in FAMILIES:
-            target = tiny_target(family, tok)
+    variants = None
+    for family in FAMILIES:
+        target = tiny_target(family, tok)
+        runner = Runner(target, list(METHODS), run="smoke", schedules=["adaptive", "split"],
+                        sidecar={"wave": gold_payload}, max_new_tokens=max_new_tokens, threads=1)
+        try:
+            runner.warmup(requests[0], max_new_tokens=4)
             for req in requests:
-                ar = generate(target, req, "ar", max_new_tokens=max_new_tokens)
+                rows = {r["variant"]: r for r in runner.run("fixture", req)}
+                if variants is None:
+                    variants = sorted(rows, key=lambda v: (v != "ar", v))
+                    print(f"{'target':12} {'request':12} " + " ".join(f"{v:>14}" for v in variants))
                 cells = []
-                for method in METHODS:
-                    res = ar if method == "ar" else generate(target, req, method, sidecar=sidecar, oracle=ar,
-                                                             max_new_tokens=max_new_tokens)
-                    same = res.token_ids == ar.token_ids
+                for v in variants:
+                    same = rows[v]["token_digest"] == rows["ar"]["token_digest"]
                     failures += not same
-                    cells.append(f"{'ok' if same else 'DIFF'} {res.stats.mean_accepted:5.2f}/fwd")
+                    cells.append(f"{'ok' if same else 'DIFF'} {rows[v]['new_tokens'] / rows[v]['forwards']:5.2f}/fwd")
                 print(f"{target.name:12} {req['id']:12} " + " ".join(f"{c:>14}" for c in cells))
-        outputs = {r["id"]: "```json\n" + json.dumps(r["gold"][0], indent=2) + "\n```" for r in requests if r.get("gold")}
-        replay = ReplayTarget(tok, outputs)
-        for req in requests:
-            if req["id"] not in outputs:
-                continue
-            cells = []
-            for method in METHODS:
-                hint = Ready(gold_payload(req)) if method == "ooo" else None
-                res = generate(replay, req, method, sidecar=hint, max_new_tokens=4 * max_new_tokens)
-                same = res.token_ids == replay.outputs[req["id"]]
-                failures += not same
-                cells.append(f"{'ok' if same else 'DIFF'} {res.stats.mean_accepted:5.2f}/fwd")
-            print(f"{'replay':12} {req['id']:12} " + " ".join(f"{c:>14}" for c in cells))
+        finally:
+            runner.close()
+    outputs = {r["id"]: "```json\n" + json.dumps(r["gold"][0], indent=2) + "\n```" for r in requests if r.get("gold")}
+    replay = ReplayTarget(tok, outputs)
+    for req in requests:
+        if req["id"] not in outputs:
+            continue
+        cells = []
+        for method in METHODS:
+            hint = Ready(gold_payload(req)) if method == "ooo" else None
+            res = generate(replay, req, method, sidecar=hint, max_new_tokens=4 * max_new_tokens)
+            same = res.token_ids == replay.outputs[req["id"]][:len(res.token_ids)]
+            failures += not same
+            cells.append(f"{'ok' if same else 'DIFF'} {res.stats.mean_accepted:5.2f}/fwd")
+        print(f"{'replay':12} {req['id']:12} " + " ".join(f"{c:>14}" for c in cells))
     print("smoke: all outputs identical to ar" if not failures else f"smoke: {failures} outputs differ from ar")
     return 1 if failures else 0
 
