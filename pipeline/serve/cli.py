@@ -2,8 +2,10 @@
 
 Run as: python -m pipeline.serve --recipe recipes/serve/qwen2.5-coder-1.5b-cpu.yaml [serve.port=8001 ...]
 
-Placement on CPU follows the eval stage's measured choice: with `placement: split` the target (and the HTTP server)
-run on all cores but the last and the sidecar process on the last one; `colocated` puts both on every core.
+Cores follow the runtime's schedules (pipeline/runtime/schedule.py): `adaptive` (default) pins the sidecar process to
+the last core and gives the target every core except while a wave computes; `split` keeps the target on n-1 cores;
+`colocated` puts both on every core. The target's tree budget comes from its measured cost curve (cached per machine),
+and the prefix cache reuses a shared prompt prefix (system prompt, the same tools) across requests.
 A missing sidecar adapter is not fatal (the base model answers the wave, with a warning); a missing sidecar model
 turns `ooo` into `toolspec` (same output, no hint), also with a warning.
 """
@@ -17,15 +19,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.hardware import available_cores, pin, resolve_dtype
+from pipeline.hardware import resolve_dtype
 from pipeline.io import InputError, looks_like_hub_id
+from pipeline.runtime.schedule import SCHEDULES, Schedule
 from pipeline.recipes import load_recipe, section
-from pipeline.runtime import METHODS
+from pipeline.runtime.loop import METHOD_TABLE
 
 from .engine import CALL_FORMATS, Engine
 
 log = logging.getLogger("pipeline.serve")
-PLACEMENTS = ("split", "colocated")
+SERVABLE = tuple(m for m, spec in METHOD_TABLE.items() if not spec.upper_bound)  # an upper bound needs ar first
 SIDECAR_KEYS = {"model", "adapter", "dtype", "max_value_tokens", "timeout_s", "device"}
 
 
@@ -44,7 +47,9 @@ class ServeConfig:
     max_context: int | None = None       # prompt limit in tokens (default: the model's max_position_embeddings)
     host: str = "127.0.0.1"
     port: int = 8000
-    placement: str = "split"
+    schedule: str = "adaptive"           # adaptive / split / colocated / all-cores (pipeline/runtime/schedule.py)
+    tree_budget: str = "auto"            # auto: tree size per round from the measured cost curve; fixed: 32 nodes
+    prefix_cache: bool = True            # reuse the KV cache of a shared prompt prefix across requests
     warmup: bool = True                  # one short generation (and one wave) before the port opens
     log_level: str = "info"
 
@@ -56,7 +61,7 @@ class ServeConfig:
             raise InputError(f"{where}: serve.target is required (a model folder)")
         cfg = cls(**sec)
         section({"sidecar": cfg.sidecar}, "sidecar", SIDECAR_KEYS, f"{where} serve")
-        for key, value, allowed in (("method", cfg.method, METHODS[:-1]), ("placement", cfg.placement, PLACEMENTS),
+        for key, value, allowed in (("method", cfg.method, SERVABLE), ("schedule", cfg.schedule, SCHEDULES),
                                     ("call_format", cfg.call_format, CALL_FORMATS)):
             if value not in allowed:
                 raise InputError(f"{where}: serve.{key}={value!r}; expected one of {list(allowed)}")
@@ -111,17 +116,20 @@ def build_engine(cfg: ServeConfig) -> Engine:
     if not _exists(cfg.target):
         raise InputError(f"serve.target {cfg.target!r} not found: build it first (`make models` for the CPU "
                          "targets, `python -m pipeline.testing DIR` for a tiny random one)")
-    cores = available_cores()
-    target_cores, sidecar_cores = (cores[:-1], cores[-1:]) if cfg.placement == "split" and len(cores) > 1 \
-        else (cores, cores)
-    pin(target_cores)
-    sidecar, method = make_sidecar(cfg, sidecar_cores)
+    schedule = Schedule.on(cfg.schedule)
+    sidecar, method = make_sidecar(cfg, schedule.sidecar_cores)
     t0 = time.perf_counter()
-    target = Target.load(cfg.target, dtype=resolve_dtype(cfg.dtype, cfg.device), device=cfg.device, attn=cfg.attn)
+    target = Target.load(cfg.target, dtype=resolve_dtype(cfg.dtype, cfg.device), device=cfg.device, attn=cfg.attn,
+                         prefix_cache=cfg.prefix_cache)
+    target.set_threads(schedule.threads(None))
+    if cfg.tree_budget == "auto":
+        curve = target.calibrate()
+        log.info("cost curve (s per forward of %s tree tokens): %s", list(curve.sizes),
+                 [round(x, 3) for x in curve.seconds])
     log.info("target %s loaded in %.1f s (%s, method %s)", cfg.target, time.perf_counter() - t0, target.dtype, method)
     engine = Engine(target, method, sidecar, model_name=cfg.model_name or Path(cfg.target).name,
                     queue_size=cfg.queue_size, max_tokens=cfg.max_tokens, max_context=cfg.max_context,
-                    call_format=cfg.call_format)
+                    call_format=cfg.call_format, schedule=schedule)
     if cfg.warmup:
         warm_up(engine)
     return engine

@@ -96,11 +96,14 @@ def test_build_engine_falls_back_without_sidecar(tmp_path, caplog, monkeypatch):
     from pipeline.serve import cli
     from pipeline.testing import make_tiny_model_dir
 
-    pinned = []
-    monkeypatch.setattr(cli, "pin", pinned.append)  # the test process keeps its threads
+    import torch
 
+    from pipeline.hardware import available_cores
+
+    monkeypatch.setenv("OOO_COST_DIR", str(tmp_path / "cost"))
+    threads = torch.get_num_threads()
     model = make_tiny_model_dir(tmp_path / "tiny")
-    base = [f"serve.target={model}", "serve.warmup=false", "serve.placement=colocated"]
+    base = [f"serve.target={model}", "serve.warmup=false", "serve.schedule=colocated"]
     with caplog.at_level(logging.WARNING, logger="pipeline.serve"):
         cfg = ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", base + [
             f"serve.sidecar.model={tmp_path / 'missing'}"]))
@@ -114,9 +117,11 @@ def test_build_engine_falls_back_without_sidecar(tmp_path, caplog, monkeypatch):
             f"serve.sidecar.model={model}", f"serve.sidecar.adapter={tmp_path / 'no-adapter'}"]))
         engine = build_engine(cfg)
     assert engine.method == "ooo" and engine.sidecar.factory_kwargs["adapter"] is None
-    assert engine.sidecar.factory_kwargs["cores"] == pinned[-1]  # colocated: the same cores
+    assert engine.sidecar.factory_kwargs["cores"] == available_cores()  # colocated: the same cores
+    assert engine.schedule.name == "colocated" and engine.target.curve is not None  # tree budget calibrated
     assert "adapter" in caplog.text
     engine.close()
+    torch.set_num_threads(threads)
     with pytest.raises(InputError, match="not found"):
         build_engine(ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", [
             f"serve.target={tmp_path / 'nothing'}"])))
