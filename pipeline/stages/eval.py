@@ -52,22 +52,38 @@ def benchmark_requests(cfg: dict) -> dict[str, list[dict]]:
             for bench, limit in (cfg["benchmarks"] or {}).items()}
 
 
+def resolve(recipe: dict, where: str = "recipe") -> dict:
+    """The `eval:` section with defaults, checked: known keys, methods, schedules, targets and benchmarks present."""
+    from ..runtime.schedule import SCHEDULES
+
+    cfg = {**DEFAULTS, **section(recipe, "eval", known=KNOWN, where=where)}
+    cfg.setdefault("run", recipe.get("recipe_name", "run"))
+    for k in ("targets", "benchmarks"):
+        if not cfg.get(k):
+            raise InputError(f"{where}: eval.{k} is required")
+    unknown = sorted(set(cfg["methods"]) - set(ALL_METHODS))
+    if unknown:
+        raise InputError(f"{where}: eval.methods: unknown {unknown}; expected some of {ALL_METHODS}")
+    bad = sorted(set(cfg["schedules"]) - set(SCHEDULES))
+    if bad:
+        raise InputError(f"{where}: eval.schedules: unknown {bad}; expected some of {SCHEDULES}")
+    for i, t in enumerate(cfg["targets"]):
+        extra = sorted(set(t) - {"name", "path", "dtype", "device", "chat_template_kwargs"})
+        if not {"name", "path"} <= set(t) or extra:
+            raise InputError(f"{where}: eval.targets[{i}] needs name and path (and may set dtype, device, "
+                             f"chat_template_kwargs); got {sorted(t)}")
+    if "ooo" in cfg["methods"] and not cfg.get("sidecar"):
+        raise InputError(f"{where}: eval.methods has 'ooo' but eval.sidecar is not set (model, adapter)")
+    return cfg
+
+
 def run(cfg: dict, recipe: dict) -> Path:
     from ..runtime import Target
-    from ..runtime.schedule import SCHEDULES
 
     run_dir = Path(cfg["out"]) / cfg["run"]
     methods = list(cfg["methods"])
-    unknown = sorted(set(methods) - set(ALL_METHODS))
-    if unknown:
-        raise InputError(f"eval.methods: unknown {unknown}; expected some of {ALL_METHODS}")
-    bad = sorted(set(cfg["schedules"]) - set(SCHEDULES))
-    if bad:
-        raise InputError(f"eval.schedules: unknown {bad}; expected some of {SCHEDULES}")
     requests = benchmark_requests(cfg)
     sc = cfg.get("sidecar") or None
-    if "ooo" in methods and not sc:
-        raise InputError("eval.methods has 'ooo' but eval.sidecar is not set (model, adapter)")
     writer = ResumableJsonl(run_dir / "rows.jsonl", key="key")
     done = writer.done_ids()
     inputs = [Path(cfg["requests_root"]) / b / f"{cfg['split']}.jsonl" for b in requests]
@@ -124,12 +140,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = ap.parse_args(argv)
     try:
         recipe = load_recipe(args.recipe, args.overrides)
-        cfg = {**DEFAULTS, **section(recipe, "eval", known=KNOWN, where=args.recipe)}
-        cfg.setdefault("run", recipe.get("recipe_name", "run"))
-        for k in ("targets", "benchmarks"):
-            if not cfg.get(k):
-                raise InputError(f"{args.recipe}: eval.{k} is required")
-        run_dir = run(cfg, recipe)
+        run_dir = run(resolve(recipe, args.recipe), recipe)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
