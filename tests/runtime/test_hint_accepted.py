@@ -1,0 +1,150 @@
+"""Hint tokens really accepted, in float64: a tiny Qwen2 target is trained inside the test (a few seconds) to answer
+a request with its fenced tool call, so greedy decoding writes real calls; every sidecar behaviour then asserts
+its own outcome (`hint_tokens`, `hint_error`, `hint_ready_s`) and the output equals `ar`'s token for token.
+Timing is made explicit: a drafter that sleeps per round makes each decode last long enough that a timeout fires,
+and a wave that sleeps longer than the whole decode is really late."""
+
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from pipeline.runtime import Sidecar, Target, generate
+from pipeline.runtime.parse import gold_payload
+
+STEPS = 150
+
+
+def fenced(call: dict) -> str:
+    return "```json\n" + json.dumps(call, indent=2) + "\n```"
+
+
+@pytest.fixture(scope="module")
+def caller(tok, requests):
+    """(target, requests) where the target's greedy answer to the request is its gold call, fenced."""
+    from pipeline.testing import make_tiny_model
+
+    torch.manual_seed(0)
+    model, _ = make_tiny_model("qwen2", tokenizer=tok, dtype=torch.float64)
+    target = Target(model, tok, name="tiny-caller", prefix_cache=False)
+    reqs = requests[:1]
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    seqs = []
+    for req in reqs:
+        prompt = target.prompt_ids(req)
+        answer = tok.encode(fenced(req["gold"][0]), add_special_tokens=False) + [eos]
+        ids = torch.tensor([prompt + answer])
+        labels = ids.clone()
+        labels[0, :len(prompt)] = -100  # learn the answer only
+        seqs.append((ids, labels))
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for step in range(STEPS):
+        ids, labels = seqs[step % len(seqs)]
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    for req in reqs:
+        ar = generate(target, req, "ar", max_new_tokens=80)
+        assert ar.text == fenced(req["gold"][0]), f"the tiny target did not learn its call: {ar.text!r}"
+    return target, reqs
+
+
+class Sleepy:
+    """Proposes nothing; sleeps per round so a decode takes a known minimum time."""
+
+    def __init__(self, s):
+        self.s = s
+
+    def propose(self, ctx):
+        time.sleep(self.s)
+        return []
+
+
+def wave(request):
+    kind, gold = request["sidecar"], gold_payload(request)
+    if kind == "right":
+        return gold
+    if kind == "partly":  # the first value wrong, the rest right
+        args = dict(gold["arguments"])
+        args[next(iter(args))] = "Somewhere Else"
+        return {"tool_index": gold["tool_index"], "arguments": args}
+    if kind == "partial":  # a required slot missing: still a usable draft
+        args = dict(gold["arguments"])
+        args.pop(next(iter(args)))
+        return {"tool_index": gold["tool_index"], "arguments": args}
+    if kind == "wrong":  # another tool, no arguments for the one the target calls
+        return {"tool_index": 1 - gold["tool_index"] if len(request["tools"]) > 1 else 0, "arguments": {}}
+    if kind == "invalid":  # a value the schema forbids: rejected by validation
+        return {"tool_index": gold["tool_index"], "arguments": {k: 12345 for k in gold["arguments"]}}
+    if kind in ("late", "never"):
+        time.sleep(3.0 if kind == "late" else 60)
+        return gold
+    if kind == "crash":
+        os._exit(3)
+    return ["garbage"]
+
+
+def run(target, req, kind, timeout_s=30.0, sleepy=0.0):
+    ar = generate(target, req, "ar", max_new_tokens=80)
+    with Sidecar(wave, timeout_s=timeout_s) as sidecar:
+        pending = sidecar.start(dict(req, sidecar=kind))
+        if kind in ("right", "partly", "partial", "wrong", "invalid", "garbage"):
+            t0 = time.perf_counter()  # ready before the first round: what a sidecar faster than the prefill gives
+            while pending.poll() is None and pending.error is None and time.perf_counter() - t0 < 20:
+                time.sleep(0.01)
+        res = generate(target, req, "ooo", sidecar=pending, max_new_tokens=80,
+                       extra_drafters=[Sleepy(sleepy)] if sleepy else None)
+    assert res.token_ids == ar.token_ids and res.text == ar.text, kind
+    return res.stats, ar.stats
+
+
+def test_right_hint_drafts_most_of_the_call(caller):
+    target, reqs = caller
+    for req in reqs:
+        st, ar = run(target, req, "right")
+        assert st.hint_error is None and st.hint_ready_s is not None
+        assert st.hint_tokens >= 0.6 * st.new_tokens, (st.hint_tokens, st.new_tokens)
+        assert st.forwards <= ar.forwards / 3
+
+
+def test_partly_right_and_partial_hints_are_used(caller):
+    target, reqs = caller
+    right, _ = run(target, reqs[0], "right")
+    for kind in ("partly", "partial"):
+        st, _ = run(target, reqs[0], kind)
+        assert st.hint_error is None, (kind, st.hint_error)
+        assert 0 < st.hint_tokens < right.hint_tokens, (kind, st.hint_tokens, right.hint_tokens)
+
+
+def test_wrong_tool_hint_gives_only_what_it_has(caller):
+    target, reqs = caller
+    right, _ = run(target, reqs[0], "right")
+    st, _ = run(target, reqs[0], "wrong")
+    assert st.hint_error is None and st.hint_tokens < right.hint_tokens
+
+
+@pytest.mark.parametrize("kind, error", [("invalid", "schema"), ("garbage", "expected an object")])
+def test_rejected_hints_say_why(caller, kind, error):
+    target, reqs = caller
+    st, _ = run(target, reqs[0], kind)
+    assert st.hint_tokens == 0 and st.hint_error and error in st.hint_error, st.hint_error
+
+
+def test_late_hint_is_not_ready_and_changes_nothing(caller):
+    target, reqs = caller
+    st, _ = run(target, reqs[0], "late", sleepy=0.005)
+    assert st.hint_ready_s is None and st.hint_tokens == 0 and st.hint_error is None
+    assert st.wall_s < 3.0  # the decode really finished before the wave
+
+
+def test_stalled_and_crashed_sidecars_are_errors(caller):
+    target, reqs = caller
+    st, _ = run(target, reqs[0], "never", timeout_s=0.2, sleepy=0.02)  # >= 0.2 s of rounds: the timeout fires
+    assert st.hint_tokens == 0 and "timed out" in st.hint_error
+    st, _ = run(target, reqs[0], "crash", sleepy=0.02)
+    assert st.hint_tokens == 0 and "died" in st.hint_error
