@@ -160,7 +160,9 @@ def upload(adapter: str | Path, repo: str, *, dry_run: bool = False, private: bo
     # Card
     adapter_config = read_json(adapter / "adapter_config.json")
     recipe_path, recipe = find_recipe(adapter)
-    accuracy = read_json(adapter / "accuracy.json") if (adapter / "accuracy.json").is_file() else None
+    # `make sidecar-eval` writes <adapter>/sidecar_eval/accuracy.json (older adapters: <adapter>/accuracy.json)
+    found = [p for p in (adapter / "sidecar_eval" / "accuracy.json", adapter / "accuracy.json") if p.is_file()]
+    accuracy = read_json(found[0]) if found else None
     base = base_model or adapter_config.get("base_model_name_or_path")
     if not looks_like_hub_id(base):
         print(f"note: base model {base!r} is not a hub id; pass --base-model to name it in the card's metadata")

@@ -162,3 +162,11 @@ def test_main_takes_the_adapter_from_a_recipe(adapter, hub, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     (tmp_path / "plain.yaml").write_text("train: {}\n")
     assert up.adapter_from_recipe("plain.yaml").as_posix() == "checkpoints/sidecar/plain"
+
+
+def test_card_reads_the_accuracy_that_make_sidecar_eval_writes(adapter, hub):
+    (adapter / "sidecar_eval").mkdir()
+    (adapter / "accuracy.json").rename(adapter / "sidecar_eval" / "accuracy.json")
+    up.upload(adapter, "user/x", dry_run=True)
+    card = (adapter / "README.md").read_text()
+    assert "| bfcl/test | 10 |" in card and "Not measured yet" not in card
