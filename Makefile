@@ -1,5 +1,5 @@
 # OoO-Spec pipeline. Every stage target depends on `setup`, so on a fresh machine `make <stage>` does all set-up.
-# Stages: data -> traces -> labels -> train -> eval -> upload.  Overrides: make train RECIPE=... ARGS="key=value ..."
+# Stages: data -> traces -> labels -> train -> sidecar-eval -> eval -> upload; models, serve.  Overrides: make train RECIPE=... ARGS="key=value ..."
 
 SHELL := /bin/bash
 PYTHON ?= python3

@@ -1,7 +1,7 @@
 """What one target forward of k tree tokens costs on this machine, and the tree sizes the budget then chooses.
 
 Run as: python scripts/cost_curve.py --model checkpoints/base/qwen2.5-coder-1.5b-instruct [--dtype auto float32 bfloat16]
-            [--threads 2] [--past 512] [--replay eval/results/cpu/rows.jsonl]
+            [--threads 2] [--past 512] [--replay eval/results/cpu/rows.jsonl | data/traces/<teacher>/dev.jsonl]
 
 Prints the measured curve per dtype beside the AVX2-only AMD EPYC curves measured elsewhere (docs/architecture.md,
 "Tree budget"), and for each curve the tree size the budget (pipeline/runtime/budget.py) chooses for a typical
@@ -42,36 +42,52 @@ def chosen(curve: CostCurve, rate: float) -> int:
     return len(TreeBudget(curve, acceptance=acc).choose(typical_tree())[0])
 
 
-def replay(rows_path: Path, curves: dict[str, CostCurve], tokenizer_path: str) -> None:
+def recorded_outputs(path: Path) -> dict[str, str]:
+    """request id -> the target's own text, from eval rows (method ar) or traces rows (id, text)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        if r.get("method") == "ar" and r.get("text") is not None:
+            out[r["request_id"]] = r["text"]
+        elif "method" not in r and r.get("text") and not r.get("error"):
+            out[r["id"]] = r["text"]
+    return out
+
+
+def replay(rows_path: Path, curves: dict[str, CostCurve], tokenizer_path: str, limit: int | None = None) -> None:
+    """Recorded outputs through toolspec and ooo (gold hint) on a ReplayTarget per cost curve: the tree sizes the
+    budget chooses there and the decode time it would take, against ar's (one token per forward)."""
     from transformers import AutoTokenizer
 
     from pipeline.requests import load_requests
-    from pipeline.runtime import generate
+    from pipeline.runtime import Ready, generate
+    from pipeline.runtime.parse import gold_payload
     from pipeline.runtime.replay import ReplayTarget
 
-    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
-    ar = {r["request_id"]: r for r in rows if r["method"] == "ar" and r.get("text") is not None}
-    reqs = {}
-    root = Path("data/requests")
-    for bench in sorted({r["benchmark"] for r in ar.values()}):
-        for req in load_requests(root / bench / "test.jsonl"):
-            if req["id"] in ar:
-                reqs[req["id"]] = req
+    outputs = recorded_outputs(rows_path)
+    reqs = {r["id"]: r for path in sorted(Path("data/requests").glob("*/*.jsonl")) if path.name != "rejected.jsonl"
+            for r in load_requests(path) if r["id"] in outputs}
+    ids = sorted(reqs)[:limit] if limit else sorted(reqs)
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
-    outputs = {rid: r["text"] for rid, r in ar.items() if rid in reqs}
-    print(f"\nreplay of {len(outputs)} recorded ar outputs through toolspec (simulated decode time per curve):")
-    print("| curve | mean tree size | tokens/forward | simulated decode s | ar decode s (1 token/forward) | ratio |")
-    print("|---|---|---|---|---|---|")
+    print(f"\nreplay of {len(ids)} recorded outputs from {rows_path} (simulated decode time per curve):")
+    print("| curve | method | mean tree size | share of 1-node rounds | tokens/forward | simulated decode s "
+          "| ar decode s | decode ratio |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, curve in curves.items():
-        target = ReplayTarget(tok, outputs, curve=curve)
-        sizes, new, fwd = [], 0, 0
-        for rid in outputs:
-            res = generate(target, reqs[rid], "toolspec")
-            sizes += res.stats.tree_sizes
-            new, fwd = new + res.stats.new_tokens, fwd + res.stats.forwards
-        ar_s = new * curve.cost(1)
-        print(f"| {name} | {sum(sizes) / len(sizes):.1f} | {new / fwd:.2f} | {target.simulated_s:.1f} | {ar_s:.1f} | "
-              f"{ar_s / target.simulated_s:.2f}x |")
+        for method in ("toolspec", "ooo"):
+            target = ReplayTarget(tok, {i: outputs[i] for i in ids}, curve=curve)
+            sizes, new, fwd = [], 0, 0
+            for rid in ids:
+                hint = Ready(gold_payload(reqs[rid])) if method == "ooo" else None
+                res = generate(target, reqs[rid], method, sidecar=hint, validate_hint=False, max_new_tokens=512)
+                sizes += res.stats.tree_sizes
+                new, fwd = new + res.stats.new_tokens, fwd + res.stats.forwards
+            ar_s = new * curve.cost(1)
+            label = "ooo (gold hint)" if method == "ooo" else method
+            print(f"| {name} | {label} | {sum(sizes) / len(sizes):.1f} | {sizes.count(1) / len(sizes):.0%} | "
+                  f"{new / fwd:.2f} | {target.simulated_s:.1f} | {ar_s:.1f} | {ar_s / target.simulated_s:.2f}x |")
 
 
 def main() -> None:
@@ -81,7 +97,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--past", type=int, default=512)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--replay", type=Path, default=None, help="an eval run's rows.jsonl with ar rows")
+    ap.add_argument("--replay", type=Path, default=None,
+                    help="recorded target outputs: an eval run's rows.jsonl (ar rows) or a traces file")
+    ap.add_argument("--replay-limit", type=int, default=None)
+    ap.add_argument("--curve-only", action="store_true", help="use the cached curve of this machine if there is one")
     args = ap.parse_args()
     import torch
 
@@ -93,7 +112,7 @@ def main() -> None:
     curves = {}
     for dtype in args.dtype:
         target = Target.load(args.model, dtype=dtype)
-        curve = target.calibrate(past=args.past, reps=args.reps, cache=False)
+        curve = target.calibrate(past=args.past, reps=args.reps, cache=args.curve_only)
         curves[f"here {resolve_dtype(dtype)}"] = curve
         del target
     curves.update(AVX2_CURVES)
@@ -110,7 +129,7 @@ def main() -> None:
     for name, c in curves.items():
         print(f"| {name} | " + " | ".join(str(chosen(c, r)) for r in rates) + " |")
     if args.replay:
-        replay(args.replay, curves, args.model)
+        replay(args.replay, curves, args.model, args.replay_limit)
 
 
 if __name__ == "__main__":
