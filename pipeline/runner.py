@@ -8,7 +8,9 @@ The protocol, so that a speedup can be trusted:
   masks, `generate` set-up and the sidecar's model load are nobody's);
 - **shuffled**: the variants run in an order shuffled per request with a fixed seed;
 - **one clock**: every variant is timed from the request's arrival (templating and tokenization included) to its
-  last token; prefill and decode are split at the first forward that follows the prompt;
+  last token; prefill and decode are split where the prompt's forward ends (for the transformers peers, at the end
+  of the target's first forward, which in assisted generation also verifies the first draft: their decode-phase
+  figure is slightly flattered, their end-to-end figure is exact);
 - the prefix cache (runtime/target.py) never offers a request its own prompt, so every variant of one request pays
   the same prefill.
 A row: {key, run, target, benchmark, request_id, method, schedule, variant, text, token_digest, new_tokens,

@@ -160,9 +160,14 @@ def test_batches_respect_size_token_cap_and_sort_windows(tmp_path, tokenizer_dir
     monkeypatch.setattr(traces.GoldBackend, "run", lambda self, b: order.append([r["id"] for r, _ in b]) or
                         real_run(self, b))
     traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir, batch_size=1, sort_window=2))])
-    assert sorted(order[0] + order[1]) == ["fixture/0", "fixture/1"]  # file order, limit=None: no shuffle
-    assert sorted(order[2] + order[3]) == ["fixture/2", "fixture/3"]
-    assert order[0] == ["fixture/1"]                                  # longest prompt of the first window first
+    # the split is read in a seeded shuffle (limit=None too), so a stopped run is a fair sample
+    files = traces.request_files(tmp_path, "all", "train")
+    sampled = [r["id"] for r in traces.split_requests(files, None, seed=0)]
+    assert sampled != sorted(sampled)
+    assert sorted(order[0] + order[1]) == sorted(sampled[:2])
+    assert sorted(order[2] + order[3]) == sorted(sampled[2:])
+    lengths = {r["id"]: len(json.dumps(r)) for r in reqs}
+    assert lengths[order[0][0]] >= lengths[order[1][0]]               # the longer prompt of the window first
 
 
 def test_limit_is_a_seeded_sample_that_grows_by_extension(tmp_path):
