@@ -159,11 +159,19 @@ class TreeBudget:
         self.acceptance = acceptance or Acceptance()
         self.overhead_s = 0.0  # running mean of a round's drafting time
         self.rounds = 0
+        self.skip = False      # the last drafted round did not pay for its own drafting: skip drafting for a while
+
+    def should_draft(self) -> bool:
+        """Whether to propose at all this round. After a round whose best tree did not beat a plain decode step once
+        its drafting time is counted, rounds go without drafting (a plain step, no drafting cost) except every
+        EXPLORE_EVERY-th, which drafts again and learns; so decoding is never slower than `ar` by more than that."""
+        return not (self.skip and (self.rounds + 1) % EXPLORE_EVERY != 0)
 
     def choose(self, tree: Tree) -> tuple[Tree, float]:
         """(the tree to verify, its expected committed tokens)."""
         self.rounds += 1
         if len(tree) <= 1:
+            self.skip = True  # nothing was proposed: drafting cost time and bought nothing
             return tree, 1.0
         probs = node_probs(tree, self.acceptance)
         order = sorted(range(1, len(tree)), key=lambda i: (-probs[i], i))[: self.max_nodes - 1]
@@ -173,6 +181,8 @@ class TreeBudget:
             rate = gains / (self.curve.cost(k) + self.overhead_s)
             if rate > best_rate:
                 best_k, best_rate, expected = k, rate, gains
+        # nothing worth verifying, or not worth its drafting time: plain steps until the next exploration round
+        self.skip = best_k == 1 or best_rate * self.curve.cost(1) < 1.0
         if best_k == 1 and self.rounds % EXPLORE_EVERY == 0:
             best_k, expected = 2, 1.0 + probs[order[0]]
         return subtree(tree, [0] + order[: best_k - 1]), expected

@@ -184,7 +184,12 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
         # propose: every drafter's candidates, best first, merged into one tree
         t0 = time.perf_counter()
         cands: list[tuple[list[int], int]] = []
-        if drafters:
+        draft = bool(drafters) and (budget is None or budget.should_draft())
+        if drafters and not draft and hint is not None and not hint.calls and hint.error is None:
+            hint.poll()  # a hint that just arrived is worth drafting for at once
+            if hint.calls:
+                draft, budget.skip = True, False
+        if draft:
             ctx = Context(target.tokenizer, prompt, output, eos, max_depth, target.decode(output))
             for drafter, bit in drafters:
                 cands += [(c, bit) for c in drafter.propose(ctx) if c]

@@ -170,3 +170,47 @@ def test_adaptive_schedule_yields_a_core_while_the_wave_computes(targets, reques
         import torch
 
         torch.set_num_threads(1)
+
+
+def test_rounds_that_do_not_pay_stop_drafting_until_the_next_exploration():
+    budget = _budget(STEEP, 0.05)
+    tree = _tree()
+    sub, _ = budget.choose(tree)
+    assert len(sub) == 1 and budget.skip  # drafts this weak do not pay for themselves on a steep curve
+    drafted = []
+    for _ in range(16):
+        drafted.append(budget.should_draft())
+        budget.choose(tree if drafted[-1] else build_tree(0, [], 32, 24))
+    assert 1 <= sum(drafted) <= 3  # only the exploration rounds draft
+    good = _budget(FLAT, 0.7)
+    good.choose(tree)
+    assert not good.skip and good.should_draft()
+
+
+def test_drafting_resumes_when_a_hint_arrives(targets, requests):
+    """A hint that becomes ready while drafting is skipped is drafted at once (and the output stays ar's)."""
+    from pipeline.runtime.budget import CostCurve as Curve
+
+    target, req = targets["qwen2"], requests[0]
+    ar = generate(target, req, "ar", max_new_tokens=16)
+
+    class Later:  # ready from the 3rd poll on
+        error, cpu_s = None, None
+
+        def __init__(self):
+            self.n, self.ready_wall = 0, None
+
+        def poll(self):
+            self.n += 1
+            return gold_payload(req) if self.n >= 3 else None
+
+        def running(self):
+            return False
+
+    target.curve = Curve((1, 32), (1.0, 100.0))  # drafting never pays on this curve
+    try:
+        res = generate(target, req, "ooo", sidecar=Later(), max_new_tokens=16)
+        assert res.token_ids == ar.token_ids and res.stats.hint_ready_s is not None
+    finally:
+        target.curve = None
+        target.budgets.clear()

@@ -55,13 +55,15 @@ def caller(tok, requests):
 
 
 class Sleepy:
-    """Proposes nothing; sleeps per round so a decode takes a known minimum time."""
+    """Proposes nothing; sleeps `first` seconds in the first round and `s` in every other, so a decode takes a known
+    minimum time (a stalled or dead sidecar is noticed at the next round's poll)."""
 
-    def __init__(self, s):
-        self.s = s
+    def __init__(self, s, first=0.0):
+        self.s, self.first, self.rounds = s, first, 0
 
     def propose(self, ctx):
-        time.sleep(self.s)
+        time.sleep(self.first if self.rounds == 0 else self.s)
+        self.rounds += 1
         return []
 
 
@@ -89,7 +91,7 @@ def wave(request):
     return ["garbage"]
 
 
-def run(target, req, kind, timeout_s=30.0, sleepy=0.0):
+def run(target, req, kind, timeout_s=30.0, sleepy=0.0, first=0.0):
     ar = generate(target, req, "ar", max_new_tokens=80)
     with Sidecar(wave, timeout_s=timeout_s) as sidecar:
         pending = sidecar.start(dict(req, sidecar=kind))
@@ -98,7 +100,7 @@ def run(target, req, kind, timeout_s=30.0, sleepy=0.0):
             while pending.poll() is None and pending.error is None and time.perf_counter() - t0 < 20:
                 time.sleep(0.01)
         res = generate(target, req, "ooo", sidecar=pending, max_new_tokens=80,
-                       extra_drafters=[Sleepy(sleepy)] if sleepy else None)
+                       extra_drafters=[Sleepy(sleepy, first)] if sleepy or first else None)
     assert res.token_ids == ar.token_ids and res.text == ar.text, kind
     return res.stats, ar.stats
 
@@ -144,7 +146,7 @@ def test_late_hint_is_not_ready_and_changes_nothing(caller):
 
 def test_stalled_and_crashed_sidecars_are_errors(caller):
     target, reqs = caller
-    st, _ = run(target, reqs[0], "never", timeout_s=0.2, sleepy=0.02)  # >= 0.2 s of rounds: the timeout fires
-    assert st.hint_tokens == 0 and "timed out" in st.hint_error
-    st, _ = run(target, reqs[0], "crash", sleepy=0.02)
+    st, _ = run(target, reqs[0], "never", timeout_s=0.2, first=0.4)  # round 2 polls after the timeout
+    assert st.forwards >= 2 and st.hint_tokens == 0 and "timed out" in st.hint_error
+    st, _ = run(target, reqs[0], "crash", first=0.4)
     assert st.hint_tokens == 0 and "died" in st.hint_error
