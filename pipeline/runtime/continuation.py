@@ -52,6 +52,9 @@ def _key(k: str) -> str:
     return json.dumps(k, ensure_ascii=False)
 
 
+ARR_LOOKAHEAD = 2  # elements of a schema array (unknown length) drafted ahead
+
+
 class Writer:
     """Serializes skeletons in one fully specified `Style` (see `Style.variants`)."""
 
@@ -105,17 +108,19 @@ class Writer:
         yield from cat(cat(start, lambda: self.value(items[k], depth + 1)),
                        lambda: self.members(obj, written + [k], depth, "after"))
 
-    def elements(self, arr, index: int, depth: int, mode: str) -> Cands:
+    def elements(self, arr, index: int, depth: int, mode: str, left: int = ARR_LOOKAHEAD) -> Cands:
+        """The rest of array `arr` from element `index`. A schema array (`Arr`) has no length: at most `left` more
+        elements are drafted (an enum item would otherwise expand element after element without end)."""
         lead = {"open": self.open_ws(depth, True), "comma": self.sep(depth, True),
                 "after": "," + self.sep(depth, True)}[mode]
         if isinstance(arr, Arr):
-            more, item, can_close = True, arr.item, True
+            more, item, can_close = left > 0, arr.item, True
         else:
             more = index < len(arr)
             item, can_close = (arr[index] if more else None), not more
         if more:
             yield from cat(cat(iter([(lead, True)]), lambda: self.value(item, depth + 1)),
-                           lambda: self.elements(arr, index + 1, depth, "after"))
+                           lambda: self.elements(arr, index + 1, depth, "after", left - 1))
         if can_close and mode != "comma":
             yield ("]" if mode == "open" else self.close_ws(depth, True) + "]"), True
 

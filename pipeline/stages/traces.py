@@ -205,7 +205,9 @@ class TransformersBackend(Backend):
             torch.set_num_threads(cfg.threads)
         self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-        self.model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype)).eval()
+        from ..hardware import torch_dtype
+
+        self.model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch_dtype(cfg.dtype)).eval()
         eos = self.model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         eos += [i for i in (self.tokenizer.eos_token_id,) if i is not None and i not in eos]
@@ -238,7 +240,10 @@ class VllmBackend(Backend):
         super().__init__(cfg)
         from vllm import LLM, SamplingParams
 
-        self.llm = LLM(model=cfg.model, tokenizer=cfg.model, dtype=cfg.dtype, seed=cfg.seed,
+        from ..hardware import resolve_dtype
+
+        # "auto" is ours (bf16 only where native), not vLLM's (the checkpoint's dtype)
+        self.llm = LLM(model=cfg.model, tokenizer=cfg.model, dtype=resolve_dtype(cfg.dtype), seed=cfg.seed,
                        tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
                        **cfg.vllm_kwargs)
         self.tokenizer = self.llm.get_tokenizer()

@@ -77,3 +77,18 @@ def test_hint_drafter_uses_only_valid_payloads_for_the_tool_the_target_chose(tok
     assert bad.propose(_ctx(tok, "")) == [] and "schema" in bad.error
     none = HintDrafter(req, fmts, None, 0.0)
     assert none.propose(_ctx(tok, "")) == [] and none.error is None and none.ready_s is None
+
+
+def test_schema_array_of_enums_is_drafted_without_endless_expansion(tok):
+    """An array whose items are an enum has no length in the schema: drafting it once recursed without end."""
+    from pipeline.runtime import generate
+    from pipeline.runtime.replay import ReplayTarget
+
+    tool = {"type": "function", "function": {"name": "find", "parameters": {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"type": "string", "enum": ["Civil", "Divorce", "Business"]}},
+        "fee": {"type": "integer"}}, "required": ["tags", "fee"]}}}
+    req = {"id": "arr", "messages": [{"role": "user", "content": "divorce lawyer"}], "tools": [tool]}
+    text = '```json\n{\n  "name": "find",\n  "arguments": {\n    "tags": ["Divorce", "Civil"],\n    "fee": 4\n  }\n}\n```'
+    target = ReplayTarget(tok, {"arr": text})
+    res = generate(target, req, "toolspec", max_new_tokens=200)
+    assert target.decode(res.token_ids[:-1]) == text and res.stats.forwards < res.stats.new_tokens
