@@ -110,10 +110,11 @@ class ResumableJsonl:
     """Append-only JSONL output that survives interruption.
 
     Rows go to `<path>.partial` (one flushed line each); `done_ids()` tells a rerun what to skip; `finish()`
-    renames the partial file to `path`. A torn last line (killed mid-write) is dropped on reopen.
+    renames the partial file to `path`. A torn last line (killed mid-write) is dropped on reopen, and so is a row for
+    which `redo(row)` is true (e.g. a failed request, so a rerun tries it again).
     """
 
-    def __init__(self, path: str | os.PathLike, key: str = "id"):
+    def __init__(self, path: str | os.PathLike, key: str = "id", redo=None):
         self.path = Path(path)
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.key = key
@@ -129,6 +130,8 @@ class ResumableJsonl:
                         obj = json.loads(raw)
                     except json.JSONDecodeError:
                         continue  # torn line from an interrupted write
+                    if isinstance(obj, dict) and redo is not None and redo(obj):
+                        continue
                     if isinstance(obj, dict) and obj.get(key) not in self._ids:
                         self._ids.add(obj.get(key))
                         good.append(raw if raw.endswith("\n") else raw + "\n")

@@ -345,7 +345,9 @@ def make_batches(prepared: list[tuple[dict, list[int]]], cfg: TracesConfig) -> l
 def run_split(backend: Backend, cfg: TracesConfig, split: str, requests: list[dict]) -> dict:
     from tqdm import tqdm
 
-    out = ResumableJsonl(Path(cfg.data_dir) / "traces" / cfg.teacher / f"{split}.jsonl")
+    # a request that failed (an exception, not a refused prompt) is tried again by the next run
+    out = ResumableJsonl(Path(cfg.data_dir) / "traces" / cfg.teacher / f"{split}.jsonl",
+                         redo=lambda row: bool(row.get("error")) and "max_model_len" not in row["error"])
     done = out.done_ids()
     todo = [r for r in requests if r["id"] not in done]
     stats = {"requests": len(requests), "already_done": len(requests) - len(todo), "written": 0, "errors": 0,

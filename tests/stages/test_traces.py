@@ -131,6 +131,10 @@ def test_failing_requests_are_recorded_and_the_stage_goes_on(tmp_path, tokenizer
     assert rows["fixture/1"]["error"] == "ValueError: request has no gold call"
     assert "exceeds max_model_len 1000" in rows["fixture/2"]["error"] and rows["fixture/2"]["finish_reason"] == "error"
     assert rows["fixture/0"]["error"] is None and rows["fixture/3"]["error"] is None
+    # a rerun tries the failed request again (once, no duplicate row); a refused prompt stays refused
+    again = traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir, batch_size=4, max_model_len=1000))])
+    assert again["train"]["already_done"] == 3 and again["train"]["written"] == 1
+    assert sorted(r["id"] for r in out_rows(tmp_path)) == [f"fixture/{i}" for i in range(4)]
 
 
 def test_template_that_ignores_tools_is_an_error_per_request(tmp_path):
