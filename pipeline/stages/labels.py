@@ -141,6 +141,7 @@ def label_split(cfg: LabelsConfig, split: str) -> tuple[list[dict], list[dict], 
     requests = {r["id"]: r for r in load_requests(files)}
     labels, rejected, rows = [], [], []
     st = Counter()
+    by_bench: dict[str, Counter] = {}
     reasons, formats = Counter(), Counter()
     for lineno, trace in iter_jsonl(trace_file, torn_tail_ok=trace_file.suffix == ".partial"):
         request = requests.get(trace.get("id"))
@@ -156,6 +157,15 @@ def label_split(cfg: LabelsConfig, split: str) -> tuple[list[dict], list[dict], 
         st["gold_exact"] += bool(facts["gold_exact"])
         st["gold_accept"] += bool(facts["gold_accept"])
         st["normalised"] += bool(facts["normalised"])
+        b = by_bench.setdefault(request.get("benchmark") or trace["id"].split("/")[0], Counter())
+        b["traces"] += 1
+        b["no_call"] += not facts["parsed"] and facts.get("reason") != "trace_error"
+        b["trace_errors"] += facts.get("reason") == "trace_error"
+        for k in ("parsed", "valid"):
+            b[k] += bool(facts[k])
+        b["with_gold"] += facts["valid"] and facts["gold_exact"] is not None
+        b["gold_exact"] += bool(facts["gold_exact"])
+        b["gold_accept"] += bool(facts["gold_accept"])
         if facts["format"]:
             formats[facts["format"]] += 1
         if label is None:
@@ -172,7 +182,8 @@ def label_split(cfg: LabelsConfig, split: str) -> tuple[list[dict], list[dict], 
                                    "gold_exact", "gold_accept", "normalised", "labels")},
              "rejected": dict(sorted(reasons.items())), "formats": dict(sorted(formats.items())),
              "rows": dict(sorted(Counter(r["kind"] for r in rows).items())),
-             "slot_rows_null": sum(r["kind"] == "slot" and r["null"] for r in rows)}
+             "slot_rows_null": sum(r["kind"] == "slot" and r["null"] for r in rows),
+             "by_benchmark": {k: dict(v) for k, v in sorted(by_bench.items())}}
     return labels, rejected, rows, stats, [trace_file, *files]
 
 
@@ -192,6 +203,15 @@ def report_text(teacher: str, stats: dict) -> str:
                   f"gold acceptable {_pct(s['gold_accept'], s['with_gold'])}  (of valid calls with gold)",
                   f"  labels        {s['labels']}   rejected {s['rejected']}",
                   f"  rows          {s['rows']}   (null slot rows {s['slot_rows_null']})"]
+        if s.get("by_benchmark"):
+            lines += ["", f"| {split} | traces | no call | parsed | schema-valid | gold exact | gold acceptable |",
+                      "|---|---|---|---|---|---|---|"]
+            for bench, b in s["by_benchmark"].items():
+                t = b.get("traces", 0)
+                lines.append(f"| {bench} | {t} | {_pct(b.get('no_call', 0), t)} | {_pct(b.get('parsed', 0), t)} | "
+                             f"{_pct(b.get('valid', 0), t)} | {_pct(b.get('gold_exact', 0), b.get('with_gold', 0))} | "
+                             f"{_pct(b.get('gold_accept', 0), b.get('with_gold', 0))} |")
+            lines.append("")
     return "\n".join(lines)
 
 
