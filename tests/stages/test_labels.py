@@ -136,7 +136,7 @@ def test_gold_round_trip_and_stage_outputs(tmp_path, tokenizer_dir, capsys):
     assert stats["traces"] == stats["parsed"] == stats["schema_valid"] == stats["gold_exact"] == 4
     per = stats["by_benchmark"]  # the per-benchmark report: parse, schema-valid, gold agreement, no call
     assert sum(b["traces"] for b in per.values()) == 4 and all(b.get("no_call", 0) == 0 for b in per.values())
-    assert "| train | traces | no call | parsed |" in capsys.readouterr().out
+    assert "| train | traces | no call | parsed |" in labels.report_text("t", {"train": stats})
     rows = read_jsonl(out / "rows" / "train.jsonl")
     assert len(rows) == 4 + n_slots and rows[0]["prompt"][0]["role"] == "system"
     assert read_jsonl(out / "rejected.jsonl") == []
