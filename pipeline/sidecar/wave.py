@@ -112,10 +112,15 @@ def prompt_settings(adapter: str | Path | None, compact: bool | None = None,
 
 
 def resolve_dtype(dtype):
+    """A torch dtype from a name; "auto" = bf16 where native, else float32 (pipeline.hardware), None = checkpoint's."""
     import torch
 
-    if dtype is None or dtype == "auto" or isinstance(dtype, torch.dtype):
+    from ..hardware import torch_dtype
+
+    if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        return torch_dtype("auto")
     if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
         raise ValueError(f"dtype {dtype!r}: expected auto or a torch dtype name (float32, bfloat16, float64)")
     return getattr(torch, dtype)

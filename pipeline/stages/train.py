@@ -43,7 +43,8 @@ DEFAULTS = {
     "compact": True,              # compact tool block in the prefix (one line per tool/param); false: full JSON
     "chat_template_kwargs": {},   # e.g. {enable_thinking: false} for Qwen3
     "null_keep": 1.0,             # fraction of null slot rows of NOT-chosen tools kept (deterministic hash)
-    "dtype": "float32",           # weights dtype: float32 (use sft.bf16 for autocast), bfloat16, float16, auto
+    "dtype": "float32",           # weights dtype: float32 (use sft.bf16 for autocast), bfloat16, float16, auto (bf16
+                                  # where native, else float32)
     "attn_implementation": "sdpa",  # sdpa or eager (both take the packed 4-D mask; flash-attention does not)
     "threads": None,              # torch CPU threads (null: torch's default)
     "overwrite": False,           # retrain a finished output whose recipe changed
@@ -195,7 +196,9 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
           f"{stats['tokens']} tokens instead of {stats['unpacked_tokens']} one by one", file=sys.stderr)
 
     # Load model
-    dtype = train["dtype"] if train["dtype"] == "auto" else getattr(torch, train["dtype"])
+    from ..hardware import torch_dtype
+
+    dtype = torch_dtype(train["dtype"])  # auto: bf16 where native (GPU, AVX-512 BF16 / AMX), else float32
     model = AutoModelForCausalLM.from_pretrained(train["model"], dtype=dtype,
                                                  attn_implementation=train["attn_implementation"])
     lora = LoraConfig(**{"task_type": "CAUSAL_LM", **lora_kw})
