@@ -285,7 +285,7 @@ class RuntimeBackend(Backend):
         from ..runtime.parse import gold_payload
 
         rows = []
-        for req, ids in batch:
+        for req, _ in batch:
             t0 = time.perf_counter()
             payload = gold_payload(req)
             res = generate(self.target, req, "ooo", sidecar=Ready(payload) if payload else None,

@@ -93,7 +93,6 @@ def test_recipes_load_and_reject_unknown_keys():
 
 
 def test_build_engine_falls_back_without_sidecar(tmp_path, caplog, monkeypatch):
-    from pipeline.serve import cli
     from pipeline.testing import make_tiny_model_dir
 
     import torch
