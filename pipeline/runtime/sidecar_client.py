@@ -68,11 +68,13 @@ class Pending:
         self.cpu_s: float | None = None       # CPU seconds of the worker process for this wave
 
     def running(self) -> bool:
-        """Whether the worker is computing this request's wave right now (started, not finished). Never blocks."""
+        """Whether this request's wave is still in flight: sent and not yet answered (the worker posts "started"
+        when it picks the request up, but the wave is sent at the request's arrival, so a wave not yet picked up is
+        about to compute too: the adaptive schedule must not give its core to the target's prefill). Never blocks."""
         if self.payload is not None or self.error is not None or self.done_s is not None:
             return False
         self.sidecar._drain()
-        return self.rid in self.sidecar._started and self.rid not in self.sidecar._results
+        return self.rid not in self.sidecar._results and self.sidecar.alive()
 
     def poll(self):
         """The payload if it has arrived, else None. Never blocks."""
