@@ -8,7 +8,7 @@ The engine is built from the recipe exactly as `make serve` builds it and uvicor
 Each request then runs in three modes, one after the other with the server otherwise idle: `Engine.execute` in this
 process (the runtime alone), the openai client without streaming, and the openai client with `stream=True`;
 `--repeat` times in rotating order, the median per request counts. Before each run the target's per-method
-history is cleared, so no run drafts from an earlier run of the same request. One warm-up round is not counted.
+history and prefix cache are cleared, so no run reuses an earlier run of the same request. One warm-up round is not counted.
 Printed: the machine, then per mode the wall time (mean, p50, p95), the HTTP overhead per request (HTTP wall time
 minus the in-process time of the same request), the time to the first streamed delta, and whether the answer equals
 the in-process one. `--build-tiny` writes a tiny random model at serve.target first if it is missing (tiny recipe).
@@ -96,6 +96,8 @@ def build_tiny(path: str) -> None:
 def measure(engine, client, body: dict, mode: str) -> dict:
     """One run of `body` in `mode`: seconds, the answer (content, calls), first streamed delta, tokens, forwards."""
     engine.target.histories.clear()  # no drafting from an earlier run of the same request
+    if getattr(engine.target, "prefix_cache", None) is not None:
+        engine.target.prefix_cache.clear()  # no prompt KV from an earlier run of the same request either
     out = {}
     t0 = time.perf_counter()
     if mode == "in-process":
