@@ -63,7 +63,9 @@ def test_eval_all_methods_then_resume(setup):
         for v in ("ooo@adaptive", "ooo@colocated", "ooo-oracle"):
             assert by[(rid, v)]["token_digest"] == by[(rid, "ar")]["token_digest"]
         assert by[(rid, "ooo@adaptive")]["schedule"] == "adaptive" and by[(rid, "ar")]["schedule"] == "all-cores"
-        assert by[(rid, "ooo@adaptive")]["sidecar_cpu_s"] is not None
+        row = by[(rid, "ooo@adaptive")]
+        if row["hint_ready_s"] is not None:  # the wave answered before the decode ended: its CPU time is charged
+            assert row["sidecar_cpu_s"] is not None
     # every baseline ran with all the cores this process may use
     import os
 
