@@ -26,7 +26,7 @@ def setup(tmp_path_factory):
 def recipe(root, methods, run="r"):
     text = {"eval": {"run": run, "out": str(root / "results"), "requests_root": str(root / "requests"),
                      "benchmarks": {"fixture": 2},
-                     "targets": [{"name": "tiny", "path": str(root / "tiny-qwen2"), "dtype": "float32"}],
+                     "targets": [{"name": "tiny", "path": str(root / "tiny-qwen2"), "dtype": "float64"}],  # exact: the budget picks trees by timing
                      "methods": methods, "schedules": ["adaptive", "colocated"], "max_new_tokens": 12,
                      "sidecar": {"model": str(root / "tiny-qwen2"), "dtype": "float32", "max_value_tokens": 4},
                      "assistant": {"path": str(root / "tiny-llama")}, "sidecar_timeout_s": 120}}
