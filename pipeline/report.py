@@ -23,7 +23,7 @@ import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from .io import atomic_open, read_jsonl, write_json
+from .io import atomic_open, read_json, read_jsonl, write_json
 from .runner import PEERS
 from .runtime.loop import METHOD_TABLE
 
@@ -182,9 +182,21 @@ def _r(d: dict | None) -> str:
     return "-" if not d else f"{d['ratio']:.2f}x ({d['ci'][0]:.2f}-{d['ci'][1]:.2f})"
 
 
+def machine_line(machine: dict | None) -> str:
+    """The hardware a run measured on, from its manifest (CPU model and flags, torch capability, dtype, threads)."""
+    if not machine:
+        return "Machine: not recorded (a run from before manifests named it)."
+    cpu = machine.get("cpu") or {}
+    gpu = f", GPU {machine['gpu']}" if machine.get("gpu") else ""
+    return (f"Machine: {cpu.get('model', '?')}, {cpu.get('cores', '?')} cores, flags "
+            f"{' '.join(cpu.get('flags') or []) or 'none of note'}, torch {machine.get('torch', '?')} CPU capability "
+            f"{machine.get('torch_cpu_capability', '?')}{gpu}; dtype {machine.get('dtype', '?')}, "
+            f"{machine.get('threads', '?')} threads.")
+
+
 def to_markdown(summary: dict, title: str = "") -> str:
     fmt = lambda v, f="{:.2f}": f.format(v) if v is not None else "-"  # noqa: E731
-    lines = [f"# {title}" if title else "# Eval summary", "",
+    lines = [f"# {title}" if title else "# Eval summary", "", machine_line(summary.get("machine")), "",
              "Ratios are summed `ar` time / summed method time on the same requests (95% bootstrap interval). "
              "Baselines run on every core; `ooo@<schedule>` names the schedule. Upper bounds are marked *(upper "
              "bound)* and kept out of the means.", "",
@@ -218,6 +230,12 @@ def to_markdown(summary: dict, title: str = "") -> str:
     for p in summary.get("prefix_cache", []):
         lines.append(f"| {p['target']} | {p['benchmark']} | {p['requests']} | {p['prompt_tokens']} | "
                      f"{p['cached_tokens']} | {fmt(p['cached_share'], '{:.0%}')} | {p['ar_prefill_s_mean']:.2f} |")
+    if summary.get("cost_curves"):
+        lines += ["", "## Cost curves (one target forward of k tree tokens, s; the tree budget's input)", "",
+                  "| target | " + " | ".join(f"k={k}" for k in next(iter(summary["cost_curves"].values()))["sizes"])
+                  + " |", "|---|" + "---|" * len(next(iter(summary["cost_curves"].values()))["sizes"])]
+        for t, c in summary["cost_curves"].items():
+            lines.append(f"| {t} | " + " | ".join(f"{x:.3f}" for x in c["seconds"]) + " |")
     lines += ["", "## Target tool-call accuracy (ar output vs gold)", "", "| target | benchmark | accuracy | n |",
               "|---|---|---|---|"]
     for cell in summary["cells"]:
@@ -319,6 +337,12 @@ def render(run_dir: str | Path, n_boot: int = 1000) -> dict:
     run_dir = Path(run_dir)
     rows = read_jsonl(run_dir / "rows.jsonl")
     summary = summarize(rows, n_boot)
+    manifest = run_dir / "manifest.json"
+    if manifest.is_file():  # the eval stage records the machine and each target's cost curve there
+        extra = read_json(manifest)
+        summary["machine"] = extra.get("machine")
+        summary["cost_curves"] = {t: {"sizes": c["sizes"], "seconds": c["seconds"]}
+                                  for t, c in (extra.get("cost_curves") or {}).items()}
     write_json(run_dir / "summary.json", summary)
     with atomic_open(run_dir / "summary.md") as f:
         f.write(to_markdown(summary, title=f"Eval {run_dir.name}"))

@@ -88,3 +88,17 @@ def test_render_writes_all_outputs(tmp_path):
     for name in ("summary.md", "summary.csv", "summary.json", "speedup.png", "accepted_length.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "ooo" in (tmp_path / "summary.csv").read_text()
+
+
+def test_report_names_the_machine_from_the_manifest(tmp_path):
+    with open(tmp_path / "rows.jsonl", "w") as f:
+        for r in ROWS:
+            f.write(json.dumps(r) + "\n")
+    machine = {"cpu": {"model": "Test CPU 9000", "flags": ["avx2", "avx512f"], "cores": 2},
+               "torch_cpu_capability": "AVX512", "torch": "2.13.0+cpu", "threads": 2, "dtype": "float32"}
+    (tmp_path / "manifest.json").write_text(json.dumps({"machine": machine, "cost_curves": {
+        "t": {"sizes": [1, 2], "seconds": [0.3, 0.4], "meta": {}}}}))
+    render(tmp_path, n_boot=20)
+    md = (tmp_path / "summary.md").read_text()
+    assert "Test CPU 9000, 2 cores, flags avx2 avx512f" in md and "dtype float32, 2 threads" in md
+    assert "| t | 0.300 | 0.400 |" in md
