@@ -24,7 +24,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from .io import atomic_open, read_json, read_jsonl, write_json
-from .runner import PEERS
+from .runner import PEERS, first_difference
 from .runtime.loop import METHOD_TABLE
 
 METHOD_ORDER = list(METHOD_TABLE) + list(PEERS)
@@ -96,6 +96,7 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
     out = {"cells": [], "mean_over_cells": {}, "upper_bounds": {}, "prefix_cache": []}
     per_variant: dict[str, list[float]] = defaultdict(list)
     per_variant_dec: dict[str, list[float]] = defaultdict(list)
+    per_bound: dict[str, list[float]] = defaultdict(list)
     for (target, bench), by_variant in sorted(cells.items()):
         ar = by_variant.get("ar", {})
         ts = by_variant.get("toolspec", {})
@@ -128,8 +129,6 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
                 m["differs_from_ar"] = []
                 for i, ok in zip(common, same):
                     if not ok:
-                        from .runner import first_difference
-
                         at = first_difference(mrows[i].get("token_ids") or [], ar[i].get("token_ids") or [])
                         m["differs_from_ar"].append({"request_id": i, "first_token": at})
                 for name, ids in (("all", common), ("identical", ident)):
@@ -138,13 +137,12 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
                                                  n_boot)
                 m["speedup"] = (m["e2e_all"] or {}).get("ratio")
                 m["decode_speedup"] = (m["decode_all"] or {}).get("ratio")
-                target_list = out["upper_bounds"] if m["upper_bound"] else None
-                if target_list is None:
+                if m["upper_bound"]:
+                    per_bound[v].append(m["speedup"])
+                else:
                     per_variant[v].append(m["speedup"])
                     if m["decode_speedup"] is not None:
                         per_variant_dec[v].append(m["decode_speedup"])
-                else:
-                    target_list.setdefault(v, []).append(m["speedup"])
             tcommon = sorted(set(mrows) & set(ts))
             if v.split("@")[0] == "ooo" and tcommon:
                 m["vs_toolspec_e2e"] = _ratio([ts[i]["wall_s"] for i in tcommon], [mrows[i]["wall_s"] for i in tcommon],
@@ -174,7 +172,7 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
         out["cells"].append(cell)
     out["mean_over_cells"] = {v: round(statistics.fmean(x), 3) for v, x in per_variant.items()}
     out["mean_decode_over_cells"] = {v: round(statistics.fmean(x), 3) for v, x in per_variant_dec.items()}
-    out["upper_bounds"] = {v: round(statistics.fmean(x), 3) for v, x in out["upper_bounds"].items()}
+    out["upper_bounds"] = {v: round(statistics.fmean(x), 3) for v, x in per_bound.items()}
     return out
 
 

@@ -192,10 +192,4 @@ class TreeBudget:
         self.overhead_s = 0.9 * self.overhead_s + 0.1 * draft_s if self.rounds > 1 else draft_s
 
 
-def chosen_sizes(curve: CostCurve, acceptance: Acceptance, trees: list[Tree]) -> list[int]:
-    """The sizes a budget with this curve would choose for recorded trees (for reports and replays)."""
-    budget = TreeBudget(curve, acceptance=acceptance)
-    return [len(budget.choose(t)[0]) for t in trees]
-
-
-__all__ = ["CostCurve", "Acceptance", "TreeBudget", "SIZES", "subtree", "node_probs", "chosen_sizes"]
+__all__ = ["CostCurve", "Acceptance", "TreeBudget", "SIZES", "subtree", "node_probs"]

@@ -7,9 +7,8 @@ It runs in a worker process so the target keeps decoding while the wave runs (th
 - `Sidecar(factory="pkg.module:make_wave", factory_kwargs={...}, start_method="spawn")` builds the wave inside
   the worker once (e.g. loads a model), so every request reuses it.
 `sidecar.start(request)` sends the request and returns a `Pending` at once; `pending.poll()` returns the payload
-once ready, else None; `pending.running()` says whether the worker is computing the wave right now (it posts a
-"started" message, so the adaptive schedule can give the target the sidecar's core back the moment the wave ends);
-`pending.cpu_s` is the wave's CPU time (charged to the method that uses it). Timeouts, a worker that dies, exceptions and payloads that are not JSON set
+once ready, else None; `pending.running()` says whether the wave is still in flight (the adaptive schedule gives the
+target the sidecar's core back the moment it answers); `pending.cpu_s` is the wave's CPU time (charged to the method that uses it). Timeouts, a worker that dies, exceptions and payloads that are not JSON set
 `pending.error` (logged by the caller) and the loop simply goes on without a hint.
 """
 
@@ -46,7 +45,6 @@ def _worker(wave, factory, factory_kwargs, inbox, outbox) -> None:
         if item is None:
             return
         rid, request = item
-        outbox.put((rid, "started", "", time.time(), None))  # the adaptive schedule yields a core from now on
         cpu0 = time.process_time()
         try:
             body = json.dumps(wave(request))
@@ -68,9 +66,9 @@ class Pending:
         self.cpu_s: float | None = None       # CPU seconds of the worker process for this wave
 
     def running(self) -> bool:
-        """Whether this request's wave is still in flight: sent and not yet answered (the worker posts "started"
-        when it picks the request up, but the wave is sent at the request's arrival, so a wave not yet picked up is
-        about to compute too: the adaptive schedule must not give its core to the target's prefill). Never blocks."""
+        """Whether this request's wave is still in flight: sent at the request's arrival and not yet answered
+        (a wave the worker has not picked up yet is about to compute: the adaptive schedule must not give its core to
+        the target's prefill). Never blocks."""
         if self.payload is not None or self.error is not None or self.done_s is not None:
             return False
         self.sidecar._drain()
@@ -84,7 +82,6 @@ class Pending:
         msg = self.sidecar._results.pop(self.rid, None)
         if msg is not None:
             status, body, self.ready_wall, self.cpu_s = msg
-            self.sidecar._started.pop(self.rid, None)
             self.done_s = time.perf_counter() - self.started
             if status != "ok":
                 self.error = f"sidecar wave failed: {body}"
@@ -133,7 +130,6 @@ class Sidecar:
         self._ids = itertools.count()
         self._proc = None
         self._results: dict[int, tuple[str, str, float, float | None]] = {}
-        self._started: dict[int, float] = {}
 
     def _ensure(self) -> None:
         if self._proc is not None and self._proc.is_alive():
@@ -162,9 +158,6 @@ class Sidecar:
             if rid is None:
                 log.warning("%s", body)
                 continue
-            if status == "started":
-                self._started[rid] = at
-                continue
             self._results[rid] = (status, body, at, cpu)
 
     def alive(self) -> bool:
@@ -182,7 +175,6 @@ class Sidecar:
         self._proc.join(timeout=5)
         self._proc = None
         self._results.clear()
-        self._started.clear()
 
     def close(self) -> None:
         if self.alive():

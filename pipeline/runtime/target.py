@@ -49,7 +49,6 @@ class PrefixCache:
     def __init__(self, max_tokens: int = 32768, min_tokens: int = 16):
         self.max_tokens, self.min_tokens = max_tokens, min_tokens
         self.entries: list[tuple[tuple[int, ...], str | None, list]] = []  # most recently used last
-        self.hits = self.saved_tokens = 0
 
     def lookup(self, ids: list[int], key: str | None = None) -> tuple[int, list | None]:
         """(shared prefix length, the entry's per-layer (keys, values)) of the best entry; (0, None) if none pays."""
@@ -66,8 +65,6 @@ class PrefixCache:
             return 0, None
         entry = self.entries.pop(best_i)
         self.entries.append(entry)
-        self.hits += 1
-        self.saved_tokens += best
         return best, entry[2]
 
     def store(self, ids: list[int], key: str | None, cache) -> None:
