@@ -4,7 +4,7 @@
 - `split`: the target on n-1 cores, the sidecar on the last one (the analogue of the paper's separate GPUs);
 - `colocated`: target and sidecar both use every core (they contend while the wave runs);
 - `adaptive`: the sidecar on the last core; the target uses every core except while the wave is computing (the
-  sidecar posts when it starts and finishes; the target changes its thread count at round boundaries).
+  wave counts as running from the request's arrival until it answers; the target changes its thread count at round boundaries).
 A schedule gives the sidecar's cores (where its worker is pinned) and, through `threads(pending)`, the target's
 thread count before prefill and at every round boundary (see `generate(schedule=...)`).
 """
