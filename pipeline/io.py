@@ -150,13 +150,32 @@ class ResumableJsonl:
         self._ids.add(row.get(self.key))
 
     def finish(self) -> Path:
+        """Close and move the rows into `path` (also after an interruption: every line written is whole, and a
+        rerun reopens the file to extend it), so a stopped long job leaves a file that can be committed."""
         self._f.close()
-        os.replace(self.partial, self.path)
+        if self.partial.exists():
+            os.replace(self.partial, self.path)
         return self.path
+
+    def rows(self) -> dict[str, dict]:
+        """The rows written so far, by key."""
+        self._f.flush()
+        with open(self.partial, encoding="utf-8") as f:
+            return {row.get(self.key): row for row in map(json.loads, f) if isinstance(row, dict)}
 
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM (`kill`, a session ending) raise KeyboardInterrupt, so a long stage's `finally` saves its rows."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -39,7 +39,7 @@ $PY -m pipeline.stages.labels --recipe recipes/teacher/gold.yaml data_dir=$SMOKE
 
 step "train: tiny LoRA sidecar on the gold labels' rows (packed, prefix once)"
 $PY -m pipeline.stages.train --recipe recipes/sidecar/tiny.yaml train.model=checkpoints/smoke/tiny-qwen2 \
-  train.gold_rows=false "train.rows=[$SMOKE/labels/gold-tiny/rows/train.jsonl]" \
+  "train.rows=[$SMOKE/labels/gold-tiny/rows/train.jsonl]" \
   "train.requests=[$SMOKE/requests/*/train.jsonl]" sft.output_dir=checkpoints/smoke/sidecar train.overwrite=true
 test -f checkpoints/smoke/sidecar/adapter_model.safetensors
 

@@ -6,8 +6,8 @@ Cores follow the runtime's schedules (pipeline/runtime/schedule.py): `adaptive` 
 the last core and gives the target every core except while a wave computes; `split` keeps the target on n-1 cores;
 `colocated` puts both on every core. The target's tree budget comes from its measured cost curve (cached per machine),
 and the prefix cache reuses a shared prompt prefix (system prompt, the same tools) across requests.
-A missing sidecar adapter is not fatal (the base model answers the wave, with a warning); a missing sidecar model
-turns `ooo` into `toolspec` (same output, no hint), also with a warning.
+With method `ooo`, a missing sidecar model or adapter folder stops start-up with an error that names it and the
+command that builds it (`sidecar.adapter: null` runs the base model without an adapter).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 from pipeline.hardware import resolve_dtype
 from pipeline.io import InputError, looks_like_hub_id
 from pipeline.runtime.schedule import SCHEDULES, Schedule
+from pipeline.sidecar.factory import SIDECAR_KEYS
 from pipeline.recipes import load_recipe, section
 from pipeline.runtime.loop import METHOD_TABLE
 
@@ -29,7 +30,6 @@ from .engine import CALL_FORMATS, Engine
 
 log = logging.getLogger("pipeline.serve")
 SERVABLE = tuple(m for m, spec in METHOD_TABLE.items() if not spec.upper_bound)  # an upper bound needs ar first
-SIDECAR_KEYS = {"model", "adapter", "dtype", "max_value_tokens", "timeout_s", "device"}
 
 
 @dataclass
@@ -73,26 +73,15 @@ def _exists(path) -> bool:
 
 
 def make_sidecar(cfg: ServeConfig, cores: list[int]):
-    """(sidecar, method): the wave in its own process for `ooo`, or toolspec when the sidecar model is missing."""
+    """(sidecar, method): the wave in its own process for `ooo`; a missing sidecar model or adapter stops start-up."""
     from pipeline.runtime import Sidecar
-    from pipeline.sidecar.factory import FACTORY
+    from pipeline.sidecar.factory import FACTORY, sidecar_kwargs
 
-    sc = cfg.sidecar
     if cfg.method != "ooo":
         return None, cfg.method
-    if not _exists(sc.get("model")):
-        log.warning("sidecar model %r not found: serving with method toolspec (same output, no hint); "
-                    "build it with `make models`", sc.get("model"))
-        return None, "toolspec"
-    adapter = sc.get("adapter")
-    if adapter and not _exists(adapter):
-        log.warning("sidecar adapter %r not found: the sidecar runs its base model %s without it (hints are drafts; "
-                    "output unchanged); train it with `make train`", adapter, sc["model"])
-        adapter = None
-    kwargs = {"model": sc["model"], "adapter": adapter, "dtype": sc.get("dtype", "auto"), "cores": cores,
-              "max_value_tokens": sc.get("max_value_tokens"), "device": sc.get("device", "cpu")}
+    kwargs = {**sidecar_kwargs(cfg.sidecar, "serve.sidecar"), "cores": cores}
     return Sidecar(factory=FACTORY, factory_kwargs=kwargs, start_method="spawn",
-                   timeout_s=float(sc.get("timeout_s", 60))), "ooo"
+                   timeout_s=float(cfg.sidecar.get("timeout_s", 60))), "ooo"
 
 
 def warm_up(engine: Engine) -> None:

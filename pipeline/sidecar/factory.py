@@ -7,7 +7,34 @@ answers every request with one wave.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 FACTORY = "pipeline.sidecar.factory:make_wave"
+SIDECAR_KEYS = {"model", "adapter", "dtype", "max_value_tokens", "device", "timeout_s"}
+
+
+def sidecar_kwargs(sc: dict, where: str = "sidecar") -> dict:
+    """`make_wave`'s kwargs from a recipe's sidecar section (eval and serve alike), checked before anything loads:
+    a missing model or adapter folder is an error that names it and the command that builds it."""
+    from ..io import InputError, looks_like_hub_id
+
+    def exists(path) -> bool:
+        return Path(path).exists() or looks_like_hub_id(path)
+
+    bad = sorted(set(sc) - SIDECAR_KEYS)
+    if bad:
+        raise InputError(f"{where}: unknown sidecar key(s) {bad}; expected some of {sorted(SIDECAR_KEYS)}")
+    model, adapter = sc.get("model"), sc.get("adapter")
+    if not model:
+        raise InputError(f"{where}: sidecar.model is required (the sidecar's base model folder)")
+    if not exists(model):
+        raise InputError(f"{where}: sidecar model folder {model} not found: build it with `make models`")
+    if adapter and not (Path(adapter) / "adapter_config.json").is_file() and not looks_like_hub_id(adapter):
+        raise InputError(f"{where}: sidecar adapter {adapter}/adapter_config.json not found: the CPU adapter is "
+                         f"committed in git (git checkout -- {adapter}), or train one with `make train` "
+                         "(recipes/sidecar/); sidecar.adapter=null runs the base model without one")
+    return {"model": str(model), "adapter": str(adapter) if adapter else None, "dtype": sc.get("dtype", "auto"),
+            "max_value_tokens": sc.get("max_value_tokens"), "device": sc.get("device", "cpu")}
 
 
 def make_wave(model: str, adapter: str | None = None, dtype: str = "auto", cores: list[int] | None = None,
@@ -32,4 +59,4 @@ def make_wave(model: str, adapter: str | None = None, dtype: str = "auto", cores
     return predict
 
 
-__all__ = ["make_wave", "FACTORY"]
+__all__ = ["make_wave", "sidecar_kwargs", "FACTORY", "SIDECAR_KEYS"]

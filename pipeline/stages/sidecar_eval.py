@@ -22,6 +22,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..artifacts import seal
 from ..io import InputError, ResumableJsonl, atomic_open, iter_jsonl, sha256_file, write_json, write_manifest
 from ..recipes import load_recipe, section
 from ..requests import load_requests
@@ -187,6 +188,7 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
     with atomic_open(out / "accuracy.md") as f:
         f.write(table)
     write_manifest(out, "sidecar_eval", {"recipe": recipe, "resolved": config}, inputs)
+    seal(out)
     print(table + f"\nwrote {out} ({len(scores)} scored, {sum(skipped.values())} skipped without a reference call)")
     return result
 

@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..hardware import machine
-from ..io import InputError, ResumableJsonl, write_manifest
+from ..artifacts import seal
+from ..io import InputError, ResumableJsonl, interrupt_on_sigterm, read_json, write_manifest
 from ..recipes import load_recipe, section
 from ..requests import load_requests, render_prompt, sample
 
@@ -342,7 +343,7 @@ def make_batches(prepared: list[tuple[dict, list[int]]], cfg: TracesConfig) -> l
     return batches
 
 
-def run_split(backend: Backend, cfg: TracesConfig, split: str, requests: list[dict]) -> dict:
+def run_split(backend: Backend, cfg: TracesConfig, split: str, requests: list[dict], report: dict | None = None) -> dict:
     from tqdm import tqdm
 
     # a request that failed (an exception, not a refused prompt) is tried again by the next run
@@ -352,6 +353,8 @@ def run_split(backend: Backend, cfg: TracesConfig, split: str, requests: list[di
     todo = [r for r in requests if r["id"] not in done]
     stats = {"requests": len(requests), "already_done": len(requests) - len(todo), "written": 0, "errors": 0,
              "prompt_tokens": 0, "completion_tokens": 0, "wall_s": 0.0}
+    if report is not None:
+        report[split] = stats  # live: a stopped run's manifest still says how far it got
     bar = tqdm(total=len(todo), desc=f"traces {cfg.teacher}/{split}", unit="req", file=sys.stderr)
     t0 = time.perf_counter()
 
@@ -378,13 +381,20 @@ def run_split(backend: Backend, cfg: TracesConfig, split: str, requests: list[di
             part = sorted(prepared[w:w + window], key=lambda item: -len(item[1]))  # similar lengths share a batch
             for batch in make_batches(part, cfg):
                 emit(run_batch(backend, batch))
-        out.finish()
     finally:
-        out.close()
+        out.finish()  # also when stopped: the file holds every whole row, and the next run continues it by id
         bar.close()
-    stats["wall_s"] = round(time.perf_counter() - t0, 2)
-    stats["completion_tokens_per_s"] = round(stats["completion_tokens"] / max(stats["wall_s"], 1e-9), 2)
+        stats["wall_s"] = round(time.perf_counter() - t0, 2)
+        stats["completion_tokens_per_s"] = round(stats["completion_tokens"] / max(stats["wall_s"], 1e-9), 2)
     return stats
+
+
+def count_rows(path: Path) -> int:
+    """Rows of a traces file (0 when absent)."""
+    if not path.is_file():
+        return 0
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
 
 
 def engine_version(backend: str) -> str | None:
@@ -400,12 +410,26 @@ def run(cfg: TracesConfig, recipe: dict | None = None) -> dict:
         files = request_files(cfg.data_dir, cfg.benchmarks, split)
         jobs.append((split, files, split_requests(files, cfg.limit, cfg.seed)))
     backend = load_backend(cfg)
-    report = {split: run_split(backend, cfg, split, reqs) for split, _, reqs in jobs}
-    inputs = [f for _, files, _ in jobs for f in files]
-    write_manifest(Path(cfg.data_dir) / "traces" / cfg.teacher, "traces",
-                   {"recipe": recipe, "resolved": asdict(cfg)}, inputs,
-                   extra={"machine": machine(cfg.dtype, cfg.threads), "gold": cfg.backend == "gold", "backend": cfg.backend, "engine": engine_version(cfg.backend),
-                          "run": report})
+    report: dict = {}
+    complete = False
+    try:
+        for split, _, reqs in jobs:
+            run_split(backend, cfg, split, reqs, report)
+        complete = True
+    finally:  # finished or stopped: the manifest says how far the files got, and the folder is sealed
+        out_dir = Path(cfg.data_dir) / "traces" / cfg.teacher
+        old = out_dir / "manifest.json"
+        runs = (read_json(old).get("runs") or []) if old.is_file() else []
+        this = {"machine": machine(cfg.dtype, cfg.threads), "complete": complete, "report": report,
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        progress = {split: {"requested": len(reqs), "done": count_rows(out_dir / f"{split}.jsonl")}
+                    for split, _, reqs in jobs}
+        write_manifest(out_dir, "traces", {"recipe": recipe, "resolved": asdict(cfg)},
+                       [f for _, files, _ in jobs for f in files],
+                       extra={"machine": this["machine"], "gold": cfg.backend == "gold", "backend": cfg.backend,
+                              "engine": engine_version(cfg.backend), "run": report, "complete": complete,
+                              "progress": progress, "runs": runs + [this]})
+        seal(out_dir)
     return report
 
 
@@ -416,6 +440,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     recipe = load_recipe(args.recipe, args.overrides)
     cfg = resolve(recipe, args.recipe)
+    interrupt_on_sigterm()
     report = run(cfg, recipe)
     for split, s in report.items():
         print(f"traces {cfg.teacher}/{split} [{cfg.backend}]: {s['written']} written ({s['errors']} errors), "

@@ -6,8 +6,8 @@ Several GPUs: accelerate launch --config_file recipes/deepspeed/accelerate-zero2
 
 A recipe has three sections: `train:` (this stage's own keys, `DEFAULTS` below), `sft:` (trl `SFTConfig` fields,
 verbatim) and `lora:` (peft `LoraConfig` fields, verbatim); an unknown key is an error that lists the valid ones.
-Rows (the labels stage's SFT rows, or rows built from the requests' gold calls with `train.gold_rows: true`) are
-regrouped per request and packed prefix-once with `pipeline.sidecar.packing`; `sft.max_length` caps a packed
+Rows come from `train.rows`, sources in order of precedence (the labels stage's SFT row files, or `gold`: rows built
+from the requests' gold calls); the first source with rows for a request wins it. They are regrouped per request and packed prefix-once with `pipeline.sidecar.packing`; `sft.max_length` caps a packed
 sequence (a request whose rows do not fit is split into several sequences, each with its prefix).
 
 Writes checkpoints/sidecar/<recipe>/ (or `sft.output_dir`): the adapter (PeftModel.from_pretrained-loadable), the
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from ..artifacts import seal
 from ..io import InputError, iter_jsonl, read_json, write_json, write_manifest
 from ..recipes import load_recipe, section
 
@@ -37,8 +38,9 @@ DEFAULT_RECIPE = "recipes/sidecar/smollm2-135m-cpu.yaml"
 DEFAULTS = {
     "model": None,                # base model: a local folder or a hub id
     "requests": [],               # request JSONL files (globs allowed) the rows were built from
-    "rows": [],                   # SFT row JSONL files (globs allowed) from the labels stage
-    "gold_rows": False,           # build rows from each request's first gold call instead of reading `rows`
+    "rows": [],                   # row sources in order of precedence: SFT row files of the labels stage (globs
+                                  # allowed) or `gold` (rows from each request's first gold call); per request, the
+                                  # first source with rows wins
     "max_requests": None,         # keep only the first N requests (smoke runs, profiling)
     "compact": True,              # compact tool block in the prefix (one line per tool/param); false: full JSON
     "chat_template_kwargs": {},   # e.g. {enable_thinking: false} for Qwen3
@@ -50,6 +52,7 @@ DEFAULTS = {
     "overwrite": False,           # retrain a finished output whose recipe changed
 }
 SECTIONS = ("train", "sft", "lora")
+GOLD = "gold"  # a `train.rows` source: rows built from each request's first gold call
 FORCED_SFT = {"remove_unused_columns": False, "dataset_kwargs": {"skip_prepare_dataset": True},
               "packing": False, "padding_free": False}
 
@@ -75,8 +78,11 @@ def resolve(config: dict, where: str) -> dict:
                              f"{value!r}; remove the key")
     if not train["model"]:
         raise InputError(f"{where}: train.model is required (a local model folder or a hub id)")
-    if bool(train["rows"]) == bool(train["gold_rows"]):
-        raise InputError(f"{where}: give either train.rows (SFT row files) or train.gold_rows=true, not both/neither")
+    if isinstance(train["rows"], str):
+        train["rows"] = [train["rows"]]
+    if not train["rows"]:
+        raise InputError(f"{where}: train.rows is required: row files of the labels stage and/or `{GOLD}`, in order "
+                         "of precedence (e.g. [data/labels/<teacher>/rows/train.jsonl, gold])")
     if not train["requests"]:
         raise InputError(f"{where}: train.requests is required (the request files the rows were built from)")
     if not 0.0 <= float(train["null_keep"]) <= 1.0:
@@ -97,8 +103,12 @@ def expand(patterns, key: str) -> list[Path]:
     return paths
 
 
-def load_rows(train: dict) -> tuple[dict, list[tuple[str, dict]], list[Path], dict]:
-    """Requests by id, (location, row) pairs, the input files, and counts of what was skipped."""
+def load_rows(train: dict) -> tuple[dict, list[tuple[str, dict]], list[Path], dict, dict]:
+    """Requests by id, (location, row) pairs, the input files, counts of what was skipped, and rows per source.
+
+    `train.rows` is an ordered list of sources (row files, globs allowed, or `gold`); the first source that has rows
+    for a request wins it, so `[<target labels>, gold]` trains on the target's own call wherever the target was
+    traced and on the gold call elsewhere."""
     from ..sidecar.rows import build_rows, label_from_call
 
     req_files = expand(train["requests"], "requests")
@@ -111,28 +121,39 @@ def load_rows(train: dict) -> tuple[dict, list[tuple[str, dict]], list[Path], di
     skipped = {"no_gold": 0, "gold_errors": 0, "gold_not_offered": 0}
     rows: list[tuple[str, dict]] = []
     row_files: list[Path] = []
-    if train["gold_rows"]:
-        for rid, req in requests.items():
-            if not req.get("gold"):
-                skipped["no_gold"] += 1
-            elif req.get("gold_errors"):
-                skipped["gold_errors"] += 1
-            else:
-                try:
-                    label = label_from_call(req, req["gold"][0])
-                except ValueError:
-                    skipped["gold_not_offered"] += 1
+    sources: dict[str, dict] = {}
+    won: set = set()  # request ids an earlier source already gave rows for
+    for source in train["rows"]:
+        found: list[tuple[str, dict]] = []
+        if source == GOLD:
+            for rid, req in requests.items():
+                if rid in won:
                     continue
-                rows += [(f"gold:{rid}", row) for row in build_rows(req, label, compact=train["compact"])]
-    else:
-        row_files = expand(train["rows"], "rows")
-        for path in row_files:
-            rows += [(f"{path}:{line}", row) for line, row in iter_jsonl(path)]
+                if not req.get("gold"):
+                    skipped["no_gold"] += 1
+                elif req.get("gold_errors"):
+                    skipped["gold_errors"] += 1
+                else:
+                    try:
+                        label = label_from_call(req, req["gold"][0])
+                    except ValueError:
+                        skipped["gold_not_offered"] += 1
+                        continue
+                    found += [(f"gold:{rid}", row) for row in build_rows(req, label, compact=train["compact"])]
+        else:
+            for path in expand([source], "rows"):
+                row_files.append(path)
+                found += [(f"{path}:{line}", row) for line, row in iter_jsonl(path)
+                          if row.get("request_id") not in won]
+        got = {row.get("request_id") for _, row in found}
+        sources[str(source)] = {"requests": len(got), "rows": len(found)}
+        won |= got
+        rows += found
     if train["max_requests"]:
         keep = list(dict.fromkeys(row.get("request_id") for _, row in rows))[: int(train["max_requests"])]
         keep = set(keep)
         rows = [(loc, row) for loc, row in rows if row.get("request_id") in keep]
-    return requests, rows, req_files + row_files, skipped
+    return requests, rows, req_files + row_files, skipped, sources
 
 
 def last_checkpoint(out: Path) -> Path | None:
@@ -178,7 +199,7 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
         torch.set_num_threads(int(train["threads"]))
 
     # Load data
-    requests, rows, inputs, skipped = load_rows(train)
+    requests, rows, inputs, skipped, sources = load_rows(train)
     if not rows:
         raise InputError(f"train: no rows to train on (skipped requests: {skipped})")
     tokenizer = AutoTokenizer.from_pretrained(train["model"])
@@ -224,7 +245,7 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
         runtime = result.metrics.get("train_runtime") or 0.0
         seq_per_s = result.metrics.get("train_samples_per_second") or 0.0
         rows_per_seq = stats["rows_kept"] / max(stats["sequences"], 1)
-        metrics = {"train": result.metrics, "pack": stats, "skipped_requests": skipped,
+        metrics = {"train": result.metrics, "pack": stats, "skipped_requests": skipped, "row_sources": sources,
                    "rows_per_second": seq_per_s * rows_per_seq,
                    "epoch_rows": stats["rows_kept"], "global_step": trainer.state.global_step,
                    "resumed_from": ckpt.name if ckpt else None, "runtime_s_this_run": runtime,
@@ -234,6 +255,7 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
         write_manifest(out, STAGE, resolved, inputs, extra={"recipe": recipe_path,
                                                            "metrics": {k: v for k, v in metrics.items()
                                                                        if k != "log_history"}})
+        seal(out)  # a release artifact: the manifest lists its files' sha256 (pipeline/artifacts.py)
     return out
 
 
@@ -245,6 +267,21 @@ def _same_recipe(a: dict, b: dict) -> bool:
     return norm(a) == norm(b)
 
 
+def input_files(train: dict) -> list[Path]:
+    """The files a recipe reads (requests, then row files), as the manifest records them."""
+    return expand(train["requests"], "requests") + [p for src in train["rows"] if src != GOLD
+                                                    for p in expand([src], "rows")]
+
+
+def changed_inputs(manifest: dict, train: dict) -> list[str]:
+    """Input files whose sha256 differs from the finished adapter's manifest (or that were added or removed)."""
+    from ..io import sha256_file
+
+    before = manifest.get("inputs") or {}
+    now = {str(p): sha256_file(p) for p in input_files(train)}
+    return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default=DEFAULT_RECIPE)
@@ -254,12 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(resolved["sft"]["output_dir"])
     manifest = out / "manifest.json"
     if manifest.is_file():
-        done = read_json(manifest).get("config") or {}
-        if _same_recipe(done, resolved):
-            print(f"{out}: already trained with this recipe (delete {manifest} to retrain)")
+        done = read_json(manifest)
+        same = _same_recipe(done.get("config") or {}, resolved)
+        changed = changed_inputs(done, resolved["train"]) if same else []
+        if same and not changed:
+            print(f"{out}: already trained with this recipe and these inputs (delete {manifest} to retrain)")
             return 0
         if not resolved["train"]["overwrite"]:
-            raise InputError(f"{out}: holds an adapter trained with a different recipe; pass train.overwrite=true "
+            why = "a different recipe" if not same else f"other inputs ({', '.join(changed[:3])} changed)"
+            raise InputError(f"{out}: holds an adapter trained with {why}; pass train.overwrite=true "
                              "to retrain it, or choose another sft.output_dir")
         shutil.rmtree(out, ignore_errors=True)
     print(run(resolved, a.recipe))

@@ -25,6 +25,7 @@ import yaml
 from huggingface_hub import HfApi, get_token
 from huggingface_hub.utils import filter_repo_objects
 
+from ..artifacts import seal
 from ..io import HUB_REPO_ID, InputError, atomic_open, looks_like_hub_id, read_json, write_manifest
 from ..sidecar.accuracy import adapter_from_recipe, markdown_table
 
@@ -168,6 +169,7 @@ def upload(adapter: str | Path, repo: str, *, dry_run: bool = False, private: bo
         print(f"note: base model {base!r} is not a hub id; pass --base-model to name it in the card's metadata")
     with atomic_open(adapter / "README.md") as f:
         f.write(model_card(repo, adapter_config, recipe_path, recipe, accuracy, base_model))
+    seal(adapter)  # the card is one of the adapter's files now
     files = upload_files(adapter)
 
     # Upload

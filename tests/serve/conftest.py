@@ -41,11 +41,11 @@ class ScriptTarget(ReplayTarget):
     def __init__(self, tokenizer):
         super().__init__(tokenizer, dict(SCRIPTS), name="scripted")
 
-    def prefill(self, ids: list[int], key: str | None = None) -> float:
+    def prefill(self, ids: list[int], key: str | None = None, **kw) -> float:
         last_turn = self.decode(ids).rsplit("<|im_start|>user", 1)[-1]
         word = min((w for w in SCRIPTS if w in last_turn), key=last_turn.index)
         self.script = self.outputs[word]
-        return super().prefill(ids, key)
+        return super().prefill(ids, key, **kw)
 
     def prompt_ids(self, request: dict) -> list[int]:
         from pipeline.requests import render_prompt

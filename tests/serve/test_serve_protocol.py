@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 
 import pytest
 
@@ -92,7 +91,7 @@ def test_recipes_load_and_reject_unknown_keys():
         ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", ["serve.method=fast"]))
 
 
-def test_build_engine_falls_back_without_sidecar(tmp_path, caplog, monkeypatch):
+def test_build_engine_stops_on_a_missing_sidecar_and_runs_without_an_adapter(tmp_path, monkeypatch):
     from pipeline.testing import make_tiny_model_dir
 
     import torch
@@ -103,22 +102,20 @@ def test_build_engine_falls_back_without_sidecar(tmp_path, caplog, monkeypatch):
     threads = torch.get_num_threads()
     model = make_tiny_model_dir(tmp_path / "tiny")
     base = [f"serve.target={model}", "serve.warmup=false", "serve.schedule=colocated"]
-    with caplog.at_level(logging.WARNING, logger="pipeline.serve"):
-        cfg = ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", base + [
-            f"serve.sidecar.model={tmp_path / 'missing'}"]))
-        engine = build_engine(cfg)
-    assert engine.method == "toolspec" and engine.sidecar is None and "toolspec" in caplog.text
-    assert engine.model_name == "tiny" and engine.max_context == 1024
-    engine.close()
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="pipeline.serve"):
-        cfg = ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", base + [
-            f"serve.sidecar.model={model}", f"serve.sidecar.adapter={tmp_path / 'no-adapter'}"]))
-        engine = build_engine(cfg)
+    # a missing sidecar model or adapter stops start-up, naming the folder and the command that builds it
+    with pytest.raises(InputError, match=r"sidecar model folder .*missing not found: build it with `make models`"):
+        build_engine(ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", base + [
+            f"serve.sidecar.model={tmp_path / 'missing'}"])))
+    with pytest.raises(InputError, match=r"no-adapter/adapter_config.json not found: .*`make train`"):
+        build_engine(ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", base + [
+            f"serve.sidecar.model={model}", f"serve.sidecar.adapter={tmp_path / 'no-adapter'}"])))
+    cfg = ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", base + [
+        f"serve.sidecar.model={model}", "serve.sidecar.adapter=null"]))
+    engine = build_engine(cfg)
     assert engine.method == "ooo" and engine.sidecar.factory_kwargs["adapter"] is None
+    assert engine.model_name == "tiny" and engine.max_context == 1024
     assert engine.sidecar.factory_kwargs["cores"] == available_cores()  # colocated: the same cores
     assert engine.schedule.name == "colocated" and engine.target.curve is not None  # tree budget calibrated
-    assert "adapter" in caplog.text
     engine.close()
     torch.set_num_threads(threads)
     with pytest.raises(InputError, match="not found"):

@@ -105,9 +105,14 @@ def test_resume_after_interrupted_run_no_duplicates_nothing_lost(tmp_path, token
     monkeypatch.setattr(traces.GoldBackend, "run", dying_run)
     with pytest.raises(KeyboardInterrupt):
         traces.main(["--recipe", str(path)])
-    partial = tmp_path / "traces" / "t" / "train.jsonl.partial"
-    assert not (tmp_path / "traces" / "t" / "train.jsonl").exists()
-    assert len(read_jsonl(partial)) == 2
+    # a stopped run leaves what it wrote where the stage writes it (committable), and a manifest that says so
+    out = tmp_path / "traces" / "t"
+    assert len(read_jsonl(out / "train.jsonl")) == 2 and not (out / "train.jsonl.partial").exists()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is False and manifest["progress"]["train"]["done"] == 2
+    assert set(manifest["files"]) == {"train.jsonl", "dev.jsonl"} & {p.name for p in out.iterdir()}
+    partial = out / "train.jsonl.partial"  # what a hard kill (SIGKILL) leaves: the partial file, a torn last line
+    (out / "train.jsonl").rename(partial)
     with open(partial, "a") as f:
         f.write('{"id": "fixture/9", "text": "torn')  # a line cut by the kill
     monkeypatch.setattr(traces.GoldBackend, "run", real_run)
@@ -118,6 +123,8 @@ def test_resume_after_interrupted_run_no_duplicates_nothing_lost(tmp_path, token
     # a finished run is reopened, not redone
     assert traces.main(["--recipe", str(path)])["train"]["written"] == 0
     assert len(out_rows(tmp_path)) == 4
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is True and len(manifest["runs"]) == 3
 
 
 def test_failing_requests_are_recorded_and_the_stage_goes_on(tmp_path, tokenizer_dir):

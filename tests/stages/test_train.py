@@ -33,7 +33,7 @@ def test_trains_on_label_rows_and_saves_a_loadable_adapter(model_dir, tmp_path, 
     rows = [row for r in read_jsonl(FIXTURES) for row in build_rows(r, label_from_call(r, r["gold"][0]))]
     write_jsonl(tmp_path / "rows.jsonl", rows)  # the labels stage's format
     out = tmp_path / "out"
-    args = overrides(model_dir, out, "train.gold_rows=false", f"train.rows=[{tmp_path / 'rows.jsonl'}]",
+    args = overrides(model_dir, out, f"train.rows=[{tmp_path / 'rows.jsonl'}]",
                      "sft.max_steps=2")
     assert train.main(["--recipe", RECIPE, *args]) == 0
 
@@ -83,6 +83,44 @@ def test_resumes_from_the_last_checkpoint_after_an_interruption(model_dir, tmp_p
     metrics = read_json(out / "metrics.json")
     assert metrics["resumed_from"] == "checkpoint-2" and metrics["global_step"] == 4
     assert [h["step"] for h in metrics["log_history"] if "loss" in h] == [1, 2, 3, 4]
+
+
+def test_row_sources_first_wins_per_request_and_inputs_decide_a_rerun(model_dir, tmp_path, monkeypatch):
+    """`train.rows: [<target labels>, gold]`: a request the first source covers takes none of gold's rows; a finished
+    adapter is retrained only when its recipe or an input file changed (and then only with train.overwrite)."""
+    reqs = read_jsonl(FIXTURES)
+    # the "target" labelled request 0 with another argument than gold's
+    label = label_from_call(reqs[0], reqs[0]["gold"][0])
+    label["arguments"] = {**label["arguments"], "city": "Lyon"}
+    label["slots"] = [{**s, "value": "Lyon"} if s["param"] == "city" else s for s in label["slots"]]
+    target_rows = build_rows(reqs[0], label)
+    write_jsonl(tmp_path / "target.jsonl", target_rows)
+    cfg = train.resolve(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out",
+                                                            f"train.rows=[{tmp_path / 'target.jsonl'},gold]")), "t")
+    _, rows, inputs, _, sources = train.load_rows(cfg["train"])
+    by_request = {}
+    for loc, row in rows:
+        by_request.setdefault(row["request_id"], set()).add(loc.split(":")[0])
+    assert by_request[reqs[0]["id"]] == {str(tmp_path / "target.jsonl")}
+    assert all(src == {"gold"} for rid, src in by_request.items() if rid != reqs[0]["id"])
+    assert sources[str(tmp_path / "target.jsonl")] == {"requests": 1, "rows": len(target_rows)}
+    assert sources["gold"]["requests"] == len(by_request) - 1
+    assert any("Lyon" in row["completion"][0]["content"] for _, row in rows)
+    assert Path(tmp_path / "target.jsonl") in inputs
+
+    with pytest.raises(InputError, match=r"train.rows is required"):
+        train.resolve(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out", "train.rows=[]")), "t")
+
+    out = tmp_path / "out"
+    args = ["--recipe", RECIPE, *overrides(model_dir, out, f"train.rows=[{tmp_path / 'target.jsonl'},gold]",
+                                           "sft.max_steps=1")]
+    assert train.main(args) == 0
+    assert read_json(out / "metrics.json")["row_sources"] == sources
+    monkeypatch.setattr(train, "run", lambda *a: pytest.fail("retrained a finished output"))
+    assert train.main(args) == 0                       # same recipe, same inputs: nothing to do
+    write_jsonl(tmp_path / "target.jsonl", target_rows[:1])  # the target labels changed
+    with pytest.raises(InputError, match=r"other inputs \(.*target.jsonl changed\)"):
+        train.main(args)
 
 
 @pytest.mark.parametrize("key,match", [
