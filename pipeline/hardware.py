@@ -99,4 +99,34 @@ def machine(dtype: str | None = None, threads: int | None = None) -> dict:
     return out
 
 
-__all__ = ["cpu_info", "native_bf16", "resolve_dtype", "torch_dtype", "available_cores", "pin", "machine"]
+def cpu_sample() -> dict:
+    """A reading of the clocks a benchmark row is judged by: wall time, this process's CPU time (every thread), the
+    whole machine's busy and steal CPU seconds (/proc/stat) and its 1-minute load (/proc/loadavg)."""
+    import time
+
+    out = {"t": time.perf_counter(), "own_cpu_s": time.process_time(), "busy_s": None, "steal_s": None, "load": None}
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        hz = os.sysconf("SC_CLK_TCK")
+        # user nice system idle iowait irq softirq steal ...: busy = everything but idle and iowait
+        out["busy_s"] = (sum(fields[:8]) - fields[3] - fields[4]) / hz
+        out["steal_s"] = fields[7] / hz if len(fields) > 7 else 0.0
+        with open("/proc/loadavg") as f:
+            out["load"] = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def cpu_usage(start: dict, end: dict) -> dict:
+    """What happened between two `cpu_sample()`s: wall, own CPU, the machine's busy and steal seconds, load."""
+    out = {"wall_s": end["t"] - start["t"], "cpu_s": end["own_cpu_s"] - start["own_cpu_s"],
+           "machine_cpu_s": None, "steal_s": None, "load_start": start["load"], "load_end": end["load"]}
+    if start["busy_s"] is not None and end["busy_s"] is not None:
+        out["machine_cpu_s"] = end["busy_s"] - start["busy_s"]
+        out["steal_s"] = end["steal_s"] - start["steal_s"]
+    return out
+
+
+__all__ = ["cpu_info", "cpu_sample", "cpu_usage", "native_bf16", "resolve_dtype", "torch_dtype", "available_cores", "pin", "machine"]

@@ -28,6 +28,30 @@ from .runner import PEERS, first_difference
 from .runtime.loop import METHOD_TABLE
 
 METHOD_ORDER = list(METHOD_TABLE) + list(PEERS)
+BUSY_FOREIGN_CORES = 0.3  # other processes' CPU over a row, in cores: more means it shared the machine
+BUSY_STEAL_CORES = 0.1    # CPU the hypervisor took away, in cores
+PREFILL_RULE = ("Prefill: variants that prefill the same prompt on the same threads with no wave beside them (ar, pld, "
+                "toolspec, ooo-oracle, hf-pld, hf-assisted) share one measured prefill per request (the KV restored, "
+                "its seconds charged to each); ooo variants prefill themselves beside their wave. Every method, the "
+                "transformers peers included, reads the same prefix cache (never a request's own prompt). hf-assisted's "
+                "decode includes its draft model's own prompt pass.")
+
+
+def busy(row: dict) -> str | None:
+    """Why a row's timings cannot be trusted (another job shared the cores, or the hypervisor stole CPU), or None.
+
+    Judged from the row's `measured` readings: the machine's busy CPU seconds minus this process's and the row's own
+    sidecar wave's, over the row's measured wall time."""
+    m = row.get("measured") or {}
+    wall = m.get("wall_s") or 0.0
+    if not wall or m.get("machine_cpu_s") is None:
+        return None
+    foreign = (m["machine_cpu_s"] - (m.get("cpu_s") or 0.0) - (row.get("sidecar_cpu_s") or 0.0)) / wall
+    if foreign > BUSY_FOREIGN_CORES:
+        return f"other processes used {foreign:.2f} cores"
+    if (m.get("steal_s") or 0.0) / wall > BUSY_STEAL_CORES:
+        return f"steal {m['steal_s'] / wall:.2f} cores"
+    return None
 
 
 def upper_bound(variant: str) -> bool:
@@ -100,6 +124,7 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
     for (target, bench), by_variant in sorted(cells.items()):
         ar = by_variant.get("ar", {})
         ts = by_variant.get("toolspec", {})
+        assisted = by_variant.get("hf-assisted", {})
         cell = {"target": target, "benchmark": bench, "methods": {}}
         if ar:
             judged = [call_correct(r["text"], r.get("gold", []), r.get("gold_accept")) for r in ar.values()]
@@ -149,6 +174,12 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
                                               n_boot)
                 m["vs_toolspec_decode"] = _ratio([ts[i]["decode_s"] for i in tcommon],
                                                  [mrows[i]["decode_s"] for i in tcommon], n_boot)
+            acommon = sorted(set(mrows) & set(assisted))
+            if v.split("@")[0] == "ooo" and acommon:
+                m["vs_hf_assisted_e2e"] = _ratio([assisted[i]["wall_s"] for i in acommon],
+                                                 [mrows[i]["wall_s"] for i in acommon], n_boot)
+                m["vs_hf_assisted_decode"] = _ratio([assisted[i]["decode_s"] for i in acommon],
+                                                    [mrows[i]["decode_s"] for i in acommon], n_boot)
             if v.split("@")[0].startswith("ooo"):
                 outcomes = Counter(hint_outcome(r) for r in mrows.values())
                 m["hint_outcomes"] = {k: round(c / len(mrows), 4) for k, c in sorted(outcomes.items())}
@@ -194,10 +225,26 @@ def machine_line(machine: dict | None) -> str:
 
 def to_markdown(summary: dict, title: str = "") -> str:
     fmt = lambda v, f="{:.2f}": f.format(v) if v is not None else "-"  # noqa: E731
-    lines = [f"# {title}" if title else "# Eval summary", "", machine_line(summary.get("machine")), "",
-             "Ratios are summed `ar` time / summed method time on the same requests (95% bootstrap interval). "
-             "Baselines run on every core; `ooo@<schedule>` names the schedule. Upper bounds are marked *(upper "
-             "bound)* and kept out of the means.", "",
+    lines = [f"# {title}" if title else "# Eval summary", "", machine_line(summary.get("machine")), ""]
+    sc = summary.get("sidecar")
+    if sc:
+        lines += [f"Sidecar: {sc.get('model')} + adapter {sc.get('adapter') or 'none'} (adapter_model.safetensors "
+                  f"sha256 {(sc.get('adapter_sha256') or '-')[:16]}); git commit {summary.get('git_commit') or '?'}.",
+                  ""]
+    b = summary.get("busy_rows")
+    if b:
+        machines = "; ".join(f"{k} ({n} rows)" for k, n in b["machines"].items()) or "not recorded"
+        kept = "kept in" if summary.get("busy_rows_kept") else "left out of"
+        lines += [f"Rows: {b['rows']}, measured on {machines}. Busy rows: {b['busy']} ({b['rule']}), {kept} "
+                  f"every table below" + (f": {', '.join(f'{v} {n}' for v, n in b['per_variant'].items())}"
+                                          if b["per_variant"] else "") + ".", ""]
+        if summary.get("with_busy_rows"):
+            lines += ["Mean end to end over cells with the busy rows kept: " + ", ".join(
+                f"{v} {x:.2f}x" for v, x in sorted(summary["with_busy_rows"]["mean_over_cells"].items())) + ".", ""]
+    lines += [PREFILL_RULE, "",
+              "Ratios are summed `ar` wall time / summed method wall time on the same requests (95% bootstrap "
+              "interval). Baselines run on every core; `ooo@<schedule>` names the schedule. Upper bounds are marked "
+              "*(upper bound)* and kept out of the means.", "",
              "| target | benchmark | variant | n | end to end vs ar | decode vs ar | decode vs ar (identical rows) "
              "| tokens/forward | tree size | identical to ar |",
              "|" + "---|" * 10]
@@ -209,9 +256,10 @@ def to_markdown(summary: dict, title: str = "") -> str:
                          f"{fmt(m.get('mean_accepted'))} | {fmt(m.get('tree_size_mean'), '{:.1f}')} | "
                          f"{fmt(m.get('identical_to_ar'), '{:.0%}')} |")
     lines += ["", "## ooo against toolspec and the hint", "",
-              "| target | benchmark | variant | vs toolspec, end to end | vs toolspec, decode | hint share of accepted "
+              "| target | benchmark | variant | vs toolspec, end to end | vs toolspec, decode | vs hf-assisted, end "
+              "to end | vs hf-assisted, decode | hint share of accepted "
               "draft tokens | other-tool hint tokens | hint outcomes | rejection reasons | hint ready (median s) "
-              "| first value (median s) | sidecar CPU s/request | payload bytes |", "|" + "---|" * 13]
+              "| first value (median s) | sidecar CPU s/request | payload bytes |", "|" + "---|" * 15]
     for cell in summary["cells"]:
         for v, m in cell["methods"].items():
             if "hint_outcomes" not in m:
@@ -219,7 +267,8 @@ def to_markdown(summary: dict, title: str = "") -> str:
             outcomes = ", ".join(f"{k} {c:.0%}" for k, c in m["hint_outcomes"].items())
             reasons = "; ".join(f"{k} ({c})" for k, c in m.get("hint_reasons", {}).items()) or "-"
             lines.append(f"| {cell['target']} | {cell['benchmark']} | {v} | {_r(m.get('vs_toolspec_e2e'))} | "
-                         f"{_r(m.get('vs_toolspec_decode'))} | {fmt(m.get('hint_share_of_draft'), '{:.0%}')} | "
+                         f"{_r(m.get('vs_toolspec_decode'))} | {_r(m.get('vs_hf_assisted_e2e'))} | "
+                         f"{_r(m.get('vs_hf_assisted_decode'))} | {fmt(m.get('hint_share_of_draft'), '{:.0%}')} | "
                          f"{m.get('hint_other_tool_tokens', 0)} | {outcomes} | {reasons} | "
                          f"{fmt(m.get('hint_ready_s_median'))} | {fmt(m.get('first_value_s_median'))} | "
                          f"{fmt(m.get('sidecar_cpu_s_mean'))} | {fmt(m.get('payload_bytes_mean'), '{:.0f}')} |")
@@ -331,14 +380,47 @@ def plot(summary: dict, rows: list[dict], out_dir: Path) -> list[Path]:
     return paths
 
 
-def render(run_dir: str | Path, n_boot: int = 1000) -> dict:
+def busy_summary(rows: list[dict]) -> dict:
+    """Busy rows per variant, the reasons, and the machines the rows ran on (rows accumulate over sessions)."""
+    flagged = [(r, busy(r)) for r in rows]
+    per_variant = Counter(r.get("variant") or r["method"] for r, why in flagged if why)
+    machines = Counter(" / ".join(str(x) for x in ((r.get("machine") or {}).get("cpu"),
+                                                   " ".join((r.get("machine") or {}).get("flags") or []),
+                                                   (r.get("machine") or {}).get("dtype"),
+                                                   f"torch {(r.get('machine') or {}).get('torch')}"))
+                       for r in rows if r.get("machine"))
+    util = defaultdict(list)
+    for r in rows:
+        m = r.get("measured") or {}
+        if m.get("wall_s") and m.get("cpu_s") is not None and r.get("threads"):
+            util[r.get("variant") or r["method"]].append(m["cpu_s"] / m["wall_s"] / r["threads"])
+    return {"rows": len(rows), "busy": sum(1 for _, why in flagged if why), "per_variant": dict(per_variant),
+            "examples": [f"{r['key']}: {why}" for r, why in flagged if why][:10], "machines": dict(machines),
+            "utilization": {v: round(statistics.fmean(x), 3) for v, x in util.items()},
+            "rule": f"a row is busy when other processes used more than {BUSY_FOREIGN_CORES} cores on average while "
+                    f"it ran (/proc/stat busy time minus this process and its own wave) or steal exceeded "
+                    f"{BUSY_STEAL_CORES} cores"}
+
+
+def render(run_dir: str | Path, n_boot: int = 1000, drop_busy: bool = True) -> dict:
+    """summary.{json,md,csv} and plots from the rows; the tables leave busy rows out (`with_busy_rows` gives the means
+    with them, for comparison) unless `drop_busy` is false."""
     run_dir = Path(run_dir)
     rows = read_jsonl(run_dir / "rows.jsonl")
-    summary = summarize(rows, n_boot)
+    clean = [r for r in rows if not (drop_busy and busy(r))]
+    summary = summarize(clean, n_boot)
+    summary["busy_rows"] = busy_summary(rows)
+    summary["busy_rows_kept"] = not drop_busy
+    if len(clean) < len(rows):
+        everything = summarize(rows, n_boot)
+        summary["with_busy_rows"] = {"mean_over_cells": everything["mean_over_cells"],
+                                     "mean_decode_over_cells": everything["mean_decode_over_cells"]}
     manifest = run_dir / "manifest.json"
     if manifest.is_file():  # the eval stage records the machine and each target's cost curve there
         extra = read_json(manifest)
         summary["machine"] = extra.get("machine")
+        summary["sidecar"] = extra.get("sidecar")
+        summary["git_commit"] = extra.get("git_commit")
         summary["cost_curves"] = {t: {"sizes": c["sizes"], "seconds": c["seconds"]}
                                   for t, c in (extra.get("cost_curves") or {}).items()}
     write_json(run_dir / "summary.json", summary)
@@ -347,6 +429,10 @@ def render(run_dir: str | Path, n_boot: int = 1000) -> dict:
     with atomic_open(run_dir / "summary.csv") as f:
         f.write(to_csv(summary))
     plot(summary, rows, run_dir)
+    if manifest.is_file():
+        from .artifacts import seal
+
+        seal(run_dir)
     return summary
 
 
@@ -354,8 +440,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m pipeline.report", description=__doc__.splitlines()[0])
     ap.add_argument("run_dir")
     ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--keep-busy", action="store_true", help="keep rows that shared the machine in the tables")
     args = ap.parse_args(argv)
-    render(args.run_dir, args.bootstrap)
+    render(args.run_dir, args.bootstrap, drop_busy=not args.keep_busy)
     print((Path(args.run_dir) / "summary.md").read_text())
 
 

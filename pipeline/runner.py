@@ -9,10 +9,14 @@ The protocol, so that a speedup can be trusted:
 - **shuffled**: the variants run in an order shuffled per request with a fixed seed;
 - **one clock**: every variant is timed from the request's arrival (templating and tokenization included) to its
   last token; prefill and decode are split where the prompt's forward ends (for the transformers peers, at the end
-  of the target's first forward, which in assisted generation also verifies the first draft: their decode-phase
-  figure is slightly flattered, their end-to-end figure is exact);
-- the prefix cache (runtime/target.py) never offers a request its own prompt, so every variant of one request pays
-  the same prefill.
+  of the prompt's forward);
+- **prefill once**: variants that prefill the same prompt on the same threads with no wave beside them (`ar`, `pld`,
+  `toolspec`, `ooo-oracle`, the transformers peers) share one measured prefill per request (its KV restored, its
+  seconds and CPU seconds charged to each); `ooo` variants prefill themselves. The peers continue `generate` from the
+  runtime's prompt cache, so every method gets the same prefix cache, which never offers a request its own prompt;
+- **busy rows**: each row records the machine's load, steal and busy CPU seconds around it (`measured`), so the
+  report can flag rows that shared the cores with another job;
+- `ooo-oracle`'s hint is the same request's `ar` output (`ar` runs first when the shuffle put it later).
 A row: {key, run, target, benchmark, request_id, method, schedule, variant, text, token_digest, new_tokens,
 forwards, accepted_lengths, tree_sizes, prefill_s, decode_s, wall_s, prompt_tokens, cached_tokens, hint_*, ...}.
 """
@@ -24,8 +28,9 @@ import random
 import re
 import time
 
+from .hardware import cpu_sample, cpu_usage
 from .runtime import Sidecar, generate
-from .runtime.loop import METHOD_TABLE, Result
+from .runtime.loop import METHOD_TABLE
 from .runtime.schedule import Schedule
 
 PEERS = {
@@ -80,7 +85,7 @@ class HFPeers:
 
     def __init__(self, target, assistant_path: str | None = None, dtype: str = "auto", pld_tokens: int = 10):
         self.target, self.pld_tokens = target, pld_tokens
-        self.forwards, self.first_forward_end = 0, None
+        self.forwards = 0
         target.model.register_forward_hook(lambda *a: self._count())
         self.assistant = self.assistant_tok = None
         if assistant_path:
@@ -95,19 +100,23 @@ class HFPeers:
 
     def _count(self) -> None:
         self.forwards += 1
-        if self.first_forward_end is None:
-            self.first_forward_end = time.perf_counter()
 
-    def generate(self, request: dict, method: str, max_new_tokens: int) -> dict:
+    def generate(self, request: dict, method: str, max_new_tokens: int, reuse_prefill: bool = False) -> dict:
+        """The peer on `request`. Its prefill is the runtime's (`Target.prefill`: the same prefix cache, and with
+        `reuse_prefill` the request's measured prefill): `generate` then continues from that cache, so the peers'
+        first forward is the prompt's last token, as the runtime's first round is."""
         import torch
 
         t0 = time.perf_counter()  # the request arrives: templating and tokenization are timed, as for the runtime
         prompt = self.target.prompt_ids(request)
+        prefill = self.target.prefill(prompt[:-1], key=request.get("id"), reuse=reuse_prefill)
+        done = self.target.last_prefill
+        shift = prefill - done["spent"]
         ids = torch.tensor([prompt], device=self.target.device)
         stops = sorted(self.target.stop_ids)
         kw = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
                   eos_token_id=stops, pad_token_id=self.target.tokenizer.pad_token_id or stops[0],
-                  attention_mask=torch.ones_like(ids))
+                  attention_mask=torch.ones_like(ids), cache=self.target.cache)
         if method == "hf-pld":
             kw["prompt_lookup_num_tokens"] = self.pld_tokens
         elif method == "hf-assisted":
@@ -117,84 +126,114 @@ class HFPeers:
             if not self.same_vocab:
                 kw["tokenizer"] = self.target.tokenizer
                 kw["assistant_tokenizer"] = self.assistant_tok
-        self.forwards, self.first_forward_end = 0, None
+        self.forwards = 0
+        t_decode, c_decode = time.perf_counter(), time.process_time()
         with torch.no_grad():
             out = self.target.model.generate(ids, **kw)
         end = time.perf_counter()
         new = out[0, len(prompt):].tolist()
-        prefill = (self.first_forward_end or end) - t0
         return {"token_ids": new, "text": self.target.decode([t for t in new if t not in self.target.stop_ids]),
-                "wall_s": end - t0, "prefill_s": prefill, "decode_s": end - t0 - prefill,
-                "forwards": max(self.forwards - 1, 1), "new_tokens": len(new), "prompt_tokens": len(prompt)}
+                "wall_s": end - t0 + shift, "prefill_s": prefill, "decode_s": end - t_decode,
+                "prefill_cpu_s": done["cpu_s"], "decode_cpu_s": time.process_time() - c_decode,
+                "prefill_reused": done["reused"], "cached_tokens": self.target.cached_tokens,
+                "forwards": max(self.forwards, 1), "new_tokens": len(new), "prompt_tokens": len(prompt)}
 
 
 class Runner:
     """Decodes requests with every (method, schedule) variant on one loaded target; yields rows.
 
-    sidecar: {"factory": "module:function", "kwargs": {...}} built once per distinct set of sidecar cores (each
-      schedule pins the worker itself through kwargs["cores"]), or {"wave": callable} for tests.
+    sidecar: {"factory": "module:function", "kwargs": {...}}: one worker per schedule (pinned by kwargs["cores"]), so
+      a variant never inherits another variant's wave; or {"wave": callable} for tests.
+    prefill_once: variants that prefill the same prompt on the same threads with no wave beside them (every method
+      without a sidecar, the transformers peers included) compute one prefill per request and are each charged its
+      measured seconds and CPU seconds; `ooo` variants prefill themselves (their wave shares the cores).
     """
 
     def __init__(self, target, methods: list[str], *, run: str = "run", schedules: list[str] | None = None,
                  sidecar: dict | None = None, peers: HFPeers | None = None, max_new_tokens: int = 256,
                  seed: int = 0, threads: int | None = None, sidecar_timeout_s: float = 60.0,
-                 tree_budget: str = "auto"):
+                 tree_budget: str = "auto", prefill_once: bool = True):
+        from .runtime.target import PrefillMemo
+
         self.target, self.run_name, self.max_new_tokens, self.seed = target, run, max_new_tokens, seed
         self.variants = variants(methods, schedules or ["adaptive"])
         self.schedules = {s: Schedule.on(s, threads) for s in {s for _, s in self.variants}}
-        self.peers, self.tree_budget = peers, tree_budget
-        self.sidecars: dict[tuple, Sidecar] = {}
+        self.peers, self.tree_budget, self.prefill_once = peers, tree_budget, prefill_once
+        if prefill_once:
+            target.memo = PrefillMemo()
+        self.sidecars: dict[str, Sidecar] = {}
         needs = [s for m, s in self.variants if m in METHOD_TABLE and METHOD_TABLE[m].sidecar]
         if needs and not sidecar:
             raise ValueError("method ooo needs a sidecar (eval.sidecar: model, adapter)")
         for name in needs:
-            cores = tuple(self.schedules[name].sidecar_cores)
-            if cores in self.sidecars:
-                continue
+            cores = list(self.schedules[name].sidecar_cores)
             if "wave" in sidecar:
-                self.sidecars[cores] = Sidecar(sidecar["wave"], timeout_s=sidecar_timeout_s)
+                self.sidecars[name] = Sidecar(sidecar["wave"], timeout_s=sidecar_timeout_s)
             else:
-                self.sidecars[cores] = Sidecar(factory=sidecar["factory"], start_method="spawn",
-                                               timeout_s=sidecar_timeout_s,
-                                               factory_kwargs={**sidecar.get("kwargs", {}), "cores": list(cores)})
-            self.sidecars[cores]._ensure()  # load the sidecar model before any clock starts
+                self.sidecars[name] = Sidecar(factory=sidecar["factory"], start_method="spawn",
+                                              timeout_s=sidecar_timeout_s,
+                                              factory_kwargs={**sidecar.get("kwargs", {}), "cores": cores})
+            self.sidecars[name]._ensure()  # load the sidecar model before any clock starts
 
     def sidecar_for(self, schedule: str) -> Sidecar | None:
-        return self.sidecars.get(tuple(self.schedules[schedule].sidecar_cores))
+        return self.sidecars.get(schedule)
 
     def warmup(self, request: dict, max_new_tokens: int = 16) -> None:
-        """Every variant once, untimed; then the run's histories and acceptance statistics start empty."""
+        """Every variant once, untimed; then the run's histories, acceptance statistics and memo start empty."""
         for sc in self.sidecars.values():  # wait until each worker has loaded its model and answered one wave
             pending, t0 = sc.start(request), time.perf_counter()
             while pending.poll() is None and pending.error is None and time.perf_counter() - t0 < 600:
                 time.sleep(0.05)
-        for method, schedule in self.variants:
-            self._decode(request, method, schedule, None, max_new_tokens)
+        ar = None
+        for method, schedule in self.variants:  # ar first
+            out = self._decode(request, method, schedule, ar, max_new_tokens)
+            ar = out if method == "ar" else ar
         self.target.histories.clear()
         self.target.budgets.clear()
+        if getattr(self.target, "memo", None) is not None:
+            self.target.memo.clear()
 
-    def _decode(self, request: dict, method: str, schedule: str, ar: Result | None, max_new_tokens: int):
+    def _decode(self, request: dict, method: str, schedule: str, ar, max_new_tokens: int):
         sched = self.schedules[schedule]
         self.target.set_threads(sched.threads(None))
+        reuse = self.prefill_once and not (method in METHOD_TABLE and METHOD_TABLE[method].sidecar)
         if method in PEERS:
-            return self.peers.generate(request, method, max_new_tokens)
+            return self.peers.generate(request, method, max_new_tokens, reuse_prefill=reuse)
         return generate(self.target, request, method, sidecar=self.sidecar_for(schedule),
                         oracle=ar if method == "ooo-oracle" else None, max_new_tokens=max_new_tokens,
-                        schedule=sched, tree_budget=self.tree_budget, variant=variant(method, schedule))
+                        schedule=sched, tree_budget=self.tree_budget, variant=variant(method, schedule),
+                        reuse_prefill=reuse)
 
     def order(self, request_id: str) -> list[tuple[str, str]]:
+        """The variants in this request's shuffled order; `ar` moves to just before `ooo-oracle` when the shuffle put
+        it later (the oracle's hint is the same request's `ar` output, timed as any row)."""
         order = list(self.variants)
         random.Random(f"{self.seed}|{request_id}").shuffle(order)
+        ar, oracle = ("ar", "all-cores"), ("ooo-oracle", "all-cores")
+        if oracle in order and order.index(ar) > order.index(oracle):
+            order.remove(ar)
+            order.insert(order.index(oracle), ar)
         return order
 
-    def run(self, benchmark: str, request: dict, done: set[str] = frozenset()) -> list[dict]:
-        """Rows for the variants of `request` not yet in `done` (keys), in this request's shuffled order."""
+    def key(self, benchmark: str, request: dict, method: str, schedule: str) -> str:
+        return f"{self.target.name}|{benchmark}|{request['id']}|{variant(method, schedule)}"
+
+    def run(self, benchmark: str, request: dict, done: set[str] | dict[str, dict] = frozenset()) -> list[dict]:
+        """Rows for the variants of `request` not yet in `done` (keys, or rows by key), in this request's shuffled
+        order. A finished `ar` row (from `done` rows) is the oracle's hint; without it `ar` runs again, untimed."""
         rows, ar = [], None
+        ar_key = self.key(benchmark, request, "ar", "all-cores")
+        if isinstance(done, dict) and ar_key in done:
+            ar = done[ar_key]["text"]
         for method, schedule in self.order(request["id"]):
-            key = f"{self.target.name}|{benchmark}|{request['id']}|{variant(method, schedule)}"
+            key = self.key(benchmark, request, method, schedule)
             if key in done:
                 continue
+            if method == "ooo-oracle" and ar is None:  # ar finished in an earlier run that kept no text
+                ar = self._decode(request, "ar", "all-cores", None, self.max_new_tokens)
+            before = cpu_sample()
             out = self._decode(request, method, schedule, ar, self.max_new_tokens)
+            usage = cpu_usage(before, cpu_sample())
             row = {"key": key, "run": self.run_name, "target": self.target.name, "benchmark": benchmark,
                    "request_id": request["id"], "method": method, "schedule": schedule,
                    "variant": variant(method, schedule), "threads": len(self.schedules[schedule].cores),
@@ -203,7 +242,9 @@ class Runner:
                 row.update(text=out["text"], token_digest=token_digest(out["token_ids"], self.target.stop_ids),
                            new_tokens=out["new_tokens"], forwards=out["forwards"], accepted_lengths=[],
                            prefill_s=out["prefill_s"], decode_s=out["decode_s"], wall_s=out["wall_s"],
-                           prompt_tokens=out["prompt_tokens"], cached_tokens=0)
+                           prefill_cpu_s=out["prefill_cpu_s"], decode_cpu_s=out["decode_cpu_s"],
+                           prefill_reused=out["prefill_reused"], prompt_tokens=out["prompt_tokens"],
+                           cached_tokens=out["cached_tokens"])
             else:
                 st = out.stats
                 if method == "ar":
@@ -213,6 +254,8 @@ class Runner:
                            new_tokens=st.new_tokens, forwards=st.forwards, accepted_lengths=st.accepted,
                            tree_sizes=st.tree_sizes, target_threads=st.threads, prefill_s=st.prefill_s,
                            decode_s=st.decode_s, wall_s=st.wall_s, overhead_s=st.overhead_s,
+                           prefill_cpu_s=st.prefill_cpu_s, decode_cpu_s=st.decode_cpu_s,
+                           prefill_reused=st.prefill_reused,
                            tree_nodes=st.tree_nodes, stop=st.stop, prompt_tokens=st.prompt_tokens,
                            cached_tokens=st.cached_tokens, draft_tokens=st.draft_tokens,
                            hint_ready_s=st.hint_ready_s, hint_tokens_accepted=st.hint_tokens,
@@ -221,6 +264,8 @@ class Runner:
                 if method == "ar":
                     pieces = [self.target.decode([t]) for t in out.token_ids]
                     row["first_value_s"] = first_value_s(out.text, pieces, st.prefill_s, st.decode_s)
+            # the machine while this row ran: measured wall/CPU (a reused prefill is not in them), load and steal
+            row["measured"] = usage
             rows.append(row)
         return rows
 

@@ -102,3 +102,29 @@ def test_report_names_the_machine_from_the_manifest(tmp_path):
     md = (tmp_path / "summary.md").read_text()
     assert "Test CPU 9000, 2 cores, flags avx2 avx512f" in md and "dtype float32, 2 threads" in md
     assert "| t | 0.300 | 0.400 |" in md
+
+
+def test_busy_rows_are_flagged_left_out_and_counted(tmp_path):
+    from pipeline.report import busy
+
+    quiet = {"wall_s": 10.0, "cpu_s": 19.0, "machine_cpu_s": 19.5, "steal_s": 0.0, "load_start": 2.0, "load_end": 2.1}
+    shared = {**quiet, "machine_cpu_s": 19.0 + 8.0}          # another job took 0.8 of a core
+    stolen = {**quiet, "steal_s": 3.0}
+    wave = {**quiet, "machine_cpu_s": 19.0 + 9.5}             # ... but this one is the row's own sidecar wave
+    assert busy({"measured": quiet}) is None
+    assert "0.80 cores" in busy({"measured": shared})
+    assert "steal" in busy({"measured": stolen})
+    assert busy({"measured": wave, "sidecar_cpu_s": 9.5}) is None
+    assert busy({}) is None  # rows from before the readings: not judged
+    rows = [dict(r, threads=2, measured=quiet, machine={"cpu": "EPYC", "flags": ["avx512_bf16"], "dtype": "bf16",
+                                                        "torch": "2.13"}) for r in ROWS]
+    rows[3] = dict(rows[3], measured=shared)  # ooo r2 shared the machine: out of the table
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = render(tmp_path, n_boot=50)
+    assert s["busy_rows"]["busy"] == 1 and s["busy_rows"]["per_variant"] == {"ooo": 1}
+    assert s["cells"][0]["methods"]["ooo"]["requests"] == 1
+    assert s["cells"][0]["methods"]["ooo"]["speedup"] == pytest.approx(10 / 4, abs=1e-3)
+    assert s["with_busy_rows"]["mean_over_cells"]["ooo"] == pytest.approx(16 / 6, abs=1e-3)
+    assert s["busy_rows"]["utilization"]["ar"] == pytest.approx(0.95)
+    md = (tmp_path / "summary.md").read_text()
+    assert "Busy rows: 1" in md and "EPYC / avx512_bf16 / bf16 / torch 2.13 (6 rows)" in md and "Prefill:" in md

@@ -72,7 +72,7 @@ class CostCurve:
         """Time one forward of k tree tokens after a `past`-token cache on `target` (fastest of `reps`)."""
         vocab = target.model.config.vocab_size
         ids = [(i * 7919) % min(vocab - 1, 30000) + 1 for i in range(past)]
-        target.prefill(ids, key="__cost_curve__")
+        target.prefill(ids, prefix_cache=False)  # a synthetic prompt: never stored for real requests
         out = []
         for k in (sizes[-1],) + tuple(sizes):  # the first forward of the largest size is a warm-up
             times = []

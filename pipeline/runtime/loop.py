@@ -60,8 +60,11 @@ class Stats:
     tree_nodes: int = 0               # tokens fed to the target over all rounds
     tree_sizes: list[int] = field(default_factory=list)  # tokens verified per round (the budget's choice)
     threads: list[int] = field(default_factory=list)     # target threads per round (adaptive schedule)
-    prefill_s: float = 0.0
+    prefill_s: float = 0.0            # charged: measured here, or this request's earlier measured prefill (reused)
     decode_s: float = 0.0
+    prefill_reused: bool = False      # the prefill was restored from the eval's memo (same prompt, same threads)
+    prefill_cpu_s: float = 0.0        # this process's CPU seconds (every thread) in prefill (charged like prefill_s)
+    decode_cpu_s: float = 0.0         # ... in decode
     verify_s: float = 0.0             # time inside target forwards during decode
     draft_s: float = 0.0              # time spent proposing and building trees
     wall_s: float = 0.0               # request arrival -> last token
@@ -124,7 +127,8 @@ def _drafters(target: Target, request: dict, method: str, prompt: list[int], pen
 def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *, max_new_tokens: int = 256,
              max_nodes: int = 32, max_depth: int = 24, history: History | None = None, oracle=None,
              validate_hint: bool = True, extra_drafters: list | None = None, on_commit=None,
-             tree_budget: str = "auto", schedule=None, variant: str | None = None) -> Result:
+             tree_budget: str = "auto", schedule=None, variant: str | None = None,
+             reuse_prefill: bool = False) -> Result:
     """Decode `request` greedily with `method`; the tokens equal `ar`'s for every method and any sidecar.
 
     sidecar: for "ooo", a `Sidecar` (started here, when the request arrives) or an already started hint
@@ -141,6 +145,8 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
       schedule: every core except while the sidecar's wave computes); None leaves the threads alone.
     variant: the key of this run's history and acceptance statistics (default: the method); variants of one method
       (e.g. ooo under two schedules) must not see each other's outputs of the same request.
+    reuse_prefill: take this request's earlier measured prefill on the same threads from `target.memo` (the eval's
+      rule for variants that do the same prefill work); prefill_s and wall_s are charged the measured seconds.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
@@ -175,9 +181,12 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
             stats.threads.append(n)
 
     set_threads()
-    stats.prefill_s = target.prefill(prompt[:-1], key=request.get("id"))
+    stats.prefill_s = target.prefill(prompt[:-1], key=request.get("id"), reuse=reuse_prefill)
     stats.cached_tokens = getattr(target, "cached_tokens", 0)
-    t_decode = time.perf_counter()
+    done = getattr(target, "last_prefill", {})
+    stats.prefill_reused, stats.prefill_cpu_s = bool(done.get("reused")), float(done.get("cpu_s") or 0.0)
+    shift = stats.prefill_s - float(done.get("spent", stats.prefill_s))  # reused: the measured prefill - the restore
+    t_decode, c_decode = time.perf_counter(), time.process_time()
     output: list[int] = []
     root = prompt[-1]
     while True:
@@ -227,7 +236,8 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
         root = new[-1]
         set_threads()
     end = time.perf_counter()
-    stats.decode_s, stats.wall_s = end - t_decode, end - started
+    stats.decode_s, stats.wall_s = end - t_decode, end - started + shift
+    stats.decode_cpu_s = time.process_time() - c_decode
     stats.new_tokens = len(output)
     if hint is not None:  # a hint that arrives after the last round is "not ready" (hint_ready_s None)
         stats.hint_ready_s, stats.payload_bytes, stats.hint_error = hint.ready_s, hint.bytes, hint.error

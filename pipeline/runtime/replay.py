@@ -42,8 +42,9 @@ class ReplayTarget:
     def set_threads(self, n: int) -> None:
         pass
 
-    def prefill(self, ids: list[int], key: str | None = None) -> float:
+    def prefill(self, ids: list[int], key: str | None = None, reuse: bool = False, prefix_cache: bool = True) -> float:
         self.done = 0
+        self.last_prefill = {"seconds": 0.0, "cpu_s": 0.0, "reused": False, "spent": 0.0}
         return 0.0
 
     def _next(self, at: int) -> int:

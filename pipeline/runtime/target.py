@@ -8,7 +8,9 @@ transformers 5.24 facts this relies on (read from the installed source, checked 
 Prefix cache across requests (what vLLM's automatic prefix caching does): after a prefill the prompt's KV entries are
 kept in a bounded LRU store; the next request's prefill reuses the longest prompt prefix any stored entry shares
 (system prompt, the same tools, an earlier turn) and computes only the rest. It serves every method alike; an entry
-keyed by a request id is not offered to the same id again, so methods compared on one request pay the same prefill.
+keyed by a request id is not offered to the same id again, so methods compared on one request pay the same prefill;
+with a `PrefillMemo` (the eval) variants that prefill the same prompt on the same threads compute it once and are
+each charged the measured time.
 Custom 4-D masks work with the `eager` and `sdpa` attention implementations of Llama, Qwen2 and Qwen3; other
 implementations (flash-attention kernels take no arbitrary mask) fall back to verifying the best single chain.
 """
@@ -82,6 +84,35 @@ class PrefixCache:
         self.entries.clear()
 
 
+class PrefillMemo:
+    """One request's measured prefills, so that variants doing the same work pay one measured prefill (the eval).
+
+    Keyed by (request key, prompt ids, torch threads): the first prefill of a request on n threads is computed and
+    timed; a later one with the same key, ids and threads restores its KV (the tensors are shared: the cache only ever
+    grows by concatenation, never in place) and is charged the measured seconds and CPU seconds. Holds one request's
+    entries (a new key drops the old ones), so memory stays at a few prompt caches."""
+
+    def __init__(self):
+        self.key = None
+        self.entries: dict[tuple, dict] = {}
+        self.hits = 0
+
+    def get(self, key, ids: list[int], threads: int) -> dict | None:
+        return self.entries.get((tuple(ids), threads)) if key is not None and key == self.key else None
+
+    def put(self, key, ids: list[int], threads: int, cache, seconds: float, cpu_s: float, cached: int) -> None:
+        if key is None:
+            return
+        if key != self.key:
+            self.key, self.entries = key, {}
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        self.entries[(tuple(ids), threads)] = {"layers": layers, "seconds": seconds, "cpu_s": cpu_s,
+                                               "cached": cached}
+
+    def clear(self) -> None:
+        self.key, self.entries = None, {}
+
+
 class Target:
     """A causal LM + tokenizer + one DynamicCache. Not thread-safe; one request at a time."""
 
@@ -100,6 +131,8 @@ class Target:
         # prefix_cache: True (32k tokens), a token budget, or False (off)
         self.prefix_cache = None if not prefix_cache else PrefixCache(32768 if prefix_cache is True else int(prefix_cache))
         self.cached_tokens = 0  # prompt tokens the last prefill took from the prefix cache
+        self.memo: PrefillMemo | None = None  # set by the eval's runner: variants doing the same work prefill once
+        self.last_prefill: dict = {}  # the last prefill: seconds charged, spent, cpu_s, reused (from the memo)
         self.curve = None       # CostCurve after calibrate(): the tree budget's cost of k tree tokens
         self.budgets: dict[str, object] = {}  # method -> TreeBudget (acceptance statistics of this run)
         self.histories: dict[str, object] = {}  # method -> History, earlier calls of this run (ToolSpec retrieval)
@@ -152,14 +185,29 @@ class Target:
         return self.cache.get_seq_length() if self.cache is not None else 0
 
     @torch.inference_mode()
-    def prefill(self, ids: list[int], key: str | None = None) -> float:
+    def prefill(self, ids: list[int], key: str | None = None, reuse: bool = False, prefix_cache: bool = True) -> float:
         """Start a new request: fill a fresh cache with `ids` (the prompt minus its last token), reusing the longest
-        prefix the prefix cache holds (not one stored under the same `key`); returns seconds."""
+        prefix the prefix cache holds (not one stored under the same `key`); returns the seconds it is charged.
+
+        reuse: take this request's earlier measured prefill on the same threads from `self.memo` (restored KV,
+          charged its measured seconds; `last_prefill["spent"]` says what the restore really took).
+        prefix_cache: false neither reads nor stores the prefix cache (the cost curve's synthetic prompt)."""
         from transformers import DynamicCache
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
+        threads = torch.get_num_threads()
         self.cache = DynamicCache(config=self.model.config)
-        done, layers = self.prefix_cache.lookup(ids, key) if self.prefix_cache is not None else (0, None)
+        hit = self.memo.get(key, ids, threads) if reuse and self.memo is not None else None
+        if hit is not None:
+            for i, (k, v) in enumerate(hit["layers"]):
+                self.cache.update(k, v, i)
+            self.cached_tokens = hit["cached"]
+            self.memo.hits += 1
+            self.last_prefill = {"seconds": hit["seconds"], "cpu_s": hit["cpu_s"], "reused": True,
+                                 "spent": time.perf_counter() - t0}
+            return hit["seconds"]
+        store = self.prefix_cache if prefix_cache else None
+        done, layers = store.lookup(ids, key) if store is not None else (0, None)
         if layers is not None:
             done = min(done, len(ids))
             for i, (k, v) in enumerate(layers):
@@ -169,9 +217,13 @@ class Target:
             x = torch.tensor([ids[done:]], device=self.device)
             pos = torch.arange(done, len(ids), device=self.device)[None]
             self.model(input_ids=x, position_ids=pos, cache=self.cache, use_cache=True, logits_to_keep=1)
-        if self.prefix_cache is not None and ids:
-            self.prefix_cache.store(ids, key, self.cache)
-        return time.perf_counter() - t0
+        if store is not None and ids:
+            store.store(ids, key, self.cache)
+        seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        if reuse and self.memo is not None:
+            self.memo.put(key, ids, threads, self.cache, seconds, cpu_s, done)
+        self.last_prefill = {"seconds": seconds, "cpu_s": cpu_s, "reused": False, "spent": seconds}
+        return seconds
 
     def set_threads(self, n: int) -> None:
         """Intra-op threads for the next forwards (the adaptive schedule changes it at round boundaries)."""

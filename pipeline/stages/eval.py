@@ -23,19 +23,20 @@ import torch
 from tqdm import tqdm
 
 from ..hardware import available_cores, machine, resolve_dtype
-from ..io import InputError, ResumableJsonl, write_manifest
+from ..artifacts import seal
+from ..io import InputError, ResumableJsonl, interrupt_on_sigterm, read_json, write_manifest
 from ..recipes import load_recipe, section
 from ..requests import load_requests
 from ..runner import ALL_METHODS, PEERS, HFPeers, Runner, variant, variants
-from ..sidecar.factory import FACTORY
+from ..sidecar.factory import FACTORY, sidecar_kwargs
 
 KNOWN = {"run", "out", "requests_root", "split", "benchmarks", "targets", "methods", "sidecar", "assistant",
          "schedules", "max_new_tokens", "hf_pld_tokens", "threads", "sidecar_timeout_s", "warmup", "seed",
-         "prefix_cache", "tree_budget"}
+         "prefix_cache", "tree_budget", "prefill_once", "drop_busy_rows"}
 DEFAULTS = {"out": "eval/results", "requests_root": "data/requests", "split": "test", "schedules": ["adaptive"],
             "max_new_tokens": 256, "hf_pld_tokens": 10, "threads": None, "sidecar_timeout_s": 60.0,
             "methods": list(ALL_METHODS), "sidecar": None, "assistant": None, "warmup": True, "seed": 0,
-            "prefix_cache": True, "tree_budget": "auto"}
+            "prefix_cache": True, "tree_budget": "auto", "prefill_once": True, "drop_busy_rows": True}
 
 
 def round_robin(requests: dict[str, list[dict]]) -> list[tuple[str, dict]]:
@@ -82,20 +83,26 @@ def run(cfg: dict, recipe: dict) -> Path:
 
     run_dir = Path(cfg["out"]) / cfg["run"]
     methods = list(cfg["methods"])
+    if "ooo" in methods:  # a missing sidecar model or adapter stops the run once, before any target loads
+        sidecar_kwargs(cfg["sidecar"], "eval.sidecar")
     requests = benchmark_requests(cfg)
     sc = cfg.get("sidecar") or None
     writer = ResumableJsonl(run_dir / "rows.jsonl", key="key")
-    done = writer.done_ids()
+    done = writer.rows()  # by key: a finished ar row is the oracle's hint
     inputs = [Path(cfg["requests_root"]) / b / f"{cfg['split']}.jsonl" for b in requests]
-    curves = {}
+    old = run_dir / "manifest.json"  # rows accumulate over runs: keep the curves of targets measured before
+    curves = dict(read_json(old).get("cost_curves") or {}) if old.is_file() else {}
+    dtype, decoded = resolve_dtype("auto"), False
     try:
         for tcfg in cfg["targets"]:
             tname = tcfg["name"]
+            tmethods = target_methods(cfg, tcfg)
             todo = [(b, r) for b, r in round_robin(requests)
                     if any(f"{tname}|{b}|{r['id']}|{v}" not in done
-                           for v in (variant(m, s) for m, s in variants(methods, cfg["schedules"])))]
+                           for v in (variant(m, s) for m, s in variants(tmethods, cfg["schedules"])))]
             if not todo:
                 continue
+            decoded = True
             torch.set_num_threads(cfg["threads"] or len(available_cores()))
             dtype = resolve_dtype(tcfg.get("dtype", "auto"), tcfg.get("device", "cpu"))
             target = Target.load(tcfg["path"], dtype=dtype, device=tcfg.get("device", "cpu"),
@@ -105,32 +112,65 @@ def run(cfg: dict, recipe: dict) -> Path:
             if cfg["tree_budget"] == "auto":
                 curves[tname] = target.calibrate().as_dict()
             peers = None
-            if set(methods) & set(PEERS):
+            if set(tmethods) & set(PEERS):
                 peers = HFPeers(target, (cfg.get("assistant") or {}).get("path"), dtype, cfg["hf_pld_tokens"])
             sidecar = None
-            if sc:
-                sidecar = {"factory": FACTORY, "kwargs": {"model": sc["model"], "adapter": sc.get("adapter"),
-                                                          "dtype": sc.get("dtype", "auto"),
-                                                          "max_value_tokens": sc.get("max_value_tokens"),
-                                                          "device": sc.get("device", "cpu")}}
-            runner = Runner(target, methods, run=cfg["run"], schedules=cfg["schedules"], sidecar=sidecar,
+            if sc and "ooo" in tmethods:
+                sidecar = {"factory": FACTORY, "kwargs": sidecar_kwargs(sc, "eval.sidecar")}
+            runner = Runner(target, tmethods, run=cfg["run"], schedules=cfg["schedules"], sidecar=sidecar,
                             peers=peers, max_new_tokens=cfg["max_new_tokens"], seed=cfg["seed"],
                             threads=cfg["threads"], sidecar_timeout_s=cfg["sidecar_timeout_s"],
-                            tree_budget=cfg["tree_budget"])
+                            tree_budget=cfg["tree_budget"], prefill_once=cfg["prefill_once"])
             try:
                 if cfg["warmup"]:
                     runner.warmup(todo[0][1])
+                mach = machine(dtype, cfg["threads"])  # rows accumulate over sessions: each says where it ran
+                where = {"cpu": mach["cpu"]["model"], "flags": mach["cpu"]["flags"], "torch": mach.get("torch"),
+                         "dtype": mach.get("dtype"), "commit": git_commit()}
                 for bench, req in tqdm(todo, desc=f"eval {tname}", unit="req"):
                     for row in runner.run(bench, req, done):
-                        writer.write(row)
+                        writer.write({**row, "machine": where})
             finally:
                 runner.close()
-            write_manifest(run_dir, "eval", recipe, inputs,
-                           extra={"machine": machine(dtype, cfg["threads"]), "cost_curves": curves})
     finally:
-        writer.close()
-    writer.finish()
+        writer.finish()  # also when stopped: the rows so far, whole, for the next run (and git) to continue
+        if decoded or not old.is_file():  # a run that decoded nothing keeps the manifest of the run that did
+            write_manifest(run_dir, "eval", recipe, inputs,
+                           extra={"machine": machine(dtype, cfg["threads"]), "cost_curves": curves,
+                                  "sidecar": sidecar_identity(sc) if "ooo" in methods else None,
+                                  "git_commit": git_commit()})
+        seal(run_dir)
     return run_dir
+
+
+def target_methods(cfg: dict, tcfg: dict) -> list[str]:
+    """The methods run on one target: a peer that would draft with the target itself (hf-assisted whose assistant
+    is this target) is not run."""
+    assistant = (cfg.get("assistant") or {}).get("path")
+    same = assistant and Path(assistant).resolve() == Path(tcfg["path"]).resolve()
+    return [m for m in cfg["methods"] if not (m == "hf-assisted" and same)]
+
+
+def sidecar_identity(sc: dict) -> dict:
+    """The sidecar a report names: model and adapter paths, the adapter weights' sha256."""
+    from ..io import sha256_file
+
+    adapter = sc.get("adapter")
+    weights = Path(adapter or "-") / "adapter_model.safetensors"
+    return {"model": sc.get("model"), "adapter": adapter,
+            "adapter_sha256": sha256_file(weights) if weights.is_file() else None}
+
+
+def git_commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -138,15 +178,17 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--recipe", required=True)
     ap.add_argument("overrides", nargs="*", help="eval.key=value overrides")
     args = ap.parse_args(argv)
+    interrupt_on_sigterm()
     try:
         recipe = load_recipe(args.recipe, args.overrides)
-        run_dir = run(resolve(recipe, args.recipe), recipe)
+        cfg = resolve(recipe, args.recipe)
+        run_dir = run(cfg, recipe)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     from ..report import render
 
-    render(run_dir)
+    render(run_dir, drop_busy=cfg["drop_busy_rows"])
     print((run_dir / "summary.md").read_text())
     return run_dir
 

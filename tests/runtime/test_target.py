@@ -60,3 +60,38 @@ def test_targets_without_mask_support_verify_chains_only(tok):
     t.prefill(tok.encode("hello", add_special_tokens=False))
     with pytest.raises(ValueError, match="cannot verify a tree"):
         t.logits(build_tree(3, CANDS, 64, 64))
+
+
+def test_prefill_memo_restores_the_same_cache_and_charges_the_measured_prefill(tok):
+    from pipeline.runtime.target import PrefillMemo
+
+    t = tiny_target("qwen2", tok)
+    t.memo = PrefillMemo()
+    ids = tok.encode("what is the weather in paris today and tomorrow please", add_special_tokens=False)
+    prefix, root = ids[:-1], ids[-1]
+    first = t.prefill(prefix, key="r1", reuse=True)
+    assert not t.last_prefill["reused"] and first > 0
+    ref = t.logits(build_tree(root, CANDS, 64, 64))
+    again = t.prefill(prefix, key="r1", reuse=True)
+    assert t.last_prefill["reused"] and again == first and t.memo.hits == 1
+    assert torch.equal(t.logits(build_tree(root, CANDS, 64, 64)), ref)  # the restored KV is the computed one
+    t.prefill(prefix, key="r1", reuse=True)  # ... and the decode above did not write into the memo's tensors
+    assert torch.equal(t.logits(build_tree(root, CANDS, 64, 64)), ref)
+    assert t.memo.hits == 2
+    t.prefill(prefix, key="r1")  # reuse=False: computed
+    assert not t.last_prefill["reused"]
+    threads = torch.get_num_threads()
+    try:  # another thread count is other work: computed, not restored
+        torch.set_num_threads(threads + 1)
+        t.prefill(prefix, key="r1", reuse=True)
+        assert not t.last_prefill["reused"]
+    finally:
+        torch.set_num_threads(threads)
+    t.prefill(prefix, key="r2", reuse=True)  # a new request drops the old request's entries
+    assert not t.last_prefill["reused"] and t.memo.key == "r2" and len(t.memo.entries) == 1
+
+
+def test_the_cost_curve_prompt_never_enters_the_prefix_cache(tok):
+    t = tiny_target("qwen2", tok)
+    t.calibrate(past=64, reps=1, cache=False)
+    assert t.prefix_cache is not None and t.prefix_cache.entries == []

@@ -29,7 +29,8 @@ def recipe(root, methods, run="r"):
                      "targets": [{"name": "tiny", "path": str(root / "tiny-qwen2"), "dtype": "float64"}],  # exact: the budget picks trees by timing
                      "methods": methods, "schedules": ["adaptive", "colocated"], "max_new_tokens": 12,
                      "sidecar": {"model": str(root / "tiny-qwen2"), "dtype": "float32", "max_value_tokens": 4},
-                     "assistant": {"path": str(root / "tiny-llama")}, "sidecar_timeout_s": 120}}
+                     "assistant": {"path": str(root / "tiny-llama")}, "sidecar_timeout_s": 120,
+                     "drop_busy_rows": False}}  # a test's timings are not the point: keep rows a busy machine flags
     path = root / f"{run}-{len(methods)}.yaml"
     path.write_text(json.dumps(text))  # JSON is YAML
     return path
@@ -74,6 +75,52 @@ def test_eval_all_methods_then_resume(setup):
     assert all(set(r.get("target_threads") or [cores]) == {cores} for r in rows2 if r["schedule"] == "all-cores")
 
 
+def test_prefill_once_per_request_and_threads(setup):
+    """Variants doing the same prefill work share one measured prefill per request (restored KV, charged seconds);
+    `ooo` prefills itself; a peer that would draft with the target itself is not run; output unchanged."""
+    root = setup
+    path = recipe(root, ["ar", "pld", "toolspec", "ooo", "ooo-oracle", "hf-pld", "hf-assisted"], run="once")
+    text = json.loads(path.read_text())
+    text["eval"]["assistant"]["path"] = text["eval"]["targets"][0]["path"]  # assisted would draft with the target
+    path.write_text(json.dumps(text))
+    eval_stage.main(["--recipe", str(path)])
+    rows = read_jsonl(root / "results" / "once" / "rows.jsonl")
+    assert "hf-assisted" not in {r["method"] for r in rows}
+    for rid in {r["request_id"] for r in rows}:
+        mine = [r for r in rows if r["request_id"] == rid]
+        shared = [r for r in mine if r["schedule"] == "all-cores"]
+        assert len(shared) == 5 and sum(not r["prefill_reused"] for r in shared) == 1
+        assert len({r["prefill_s"] for r in shared}) == 1 and len({r["prefill_cpu_s"] for r in shared}) == 1
+        assert len({r["cached_tokens"] for r in shared}) == 1
+        assert all(not r["prefill_reused"] for r in mine if r["method"] == "ooo")
+        assert len({r["token_digest"] for r in mine}) == 1
+        for r in mine:  # the charged prefill is inside the row's end-to-end time
+            assert r["wall_s"] >= r["prefill_s"] + r["decode_s"] - 1e-6
+            assert {"cpu_s", "machine_cpu_s", "load_start", "steal_s"} <= set(r["measured"])
+            assert r["machine"]["cpu"] and r["machine"]["dtype"] == "float64"
+    manifest = json.loads((root / "results" / "once" / "manifest.json").read_text())
+    assert manifest["sidecar"]["model"].endswith("tiny-qwen2") and "git_commit" in manifest
+
+
+def test_oracle_follows_ar_and_each_schedule_has_its_own_sidecar(setup):
+    from pipeline.runner import Runner
+    from pipeline.runtime import Target
+
+    root = setup
+    target = Target.load(root / "tiny-qwen2", dtype="float64")
+    runner = Runner(target, ["ar", "toolspec", "ooo", "ooo-oracle"], schedules=["adaptive", "split"],
+                    sidecar={"wave": lambda req: None})
+    try:
+        assert set(runner.sidecars) == {"adaptive", "split"}
+        assert runner.sidecar_for("adaptive") is not runner.sidecar_for("split")
+        orders = [runner.order(f"r{i}") for i in range(20)]
+        for order in orders:
+            assert order.index(("ar", "all-cores")) < order.index(("ooo-oracle", "all-cores"))
+        assert len({tuple(o) for o in orders}) > 1  # still shuffled
+    finally:
+        runner.close()
+
+
 def test_eval_bad_method_and_missing_requests(setup, tmp_path):
     root = setup
     with pytest.raises(SystemExit):
@@ -82,3 +129,16 @@ def test_eval_bad_method_and_missing_requests(setup, tmp_path):
     r.write_text(r.read_text().replace('"fixture": 2', '"nope": 2'))
     with pytest.raises(SystemExit):
         eval_stage.main(["--recipe", str(r)])
+
+
+def test_a_missing_sidecar_adapter_stops_the_run_before_any_row(setup, capsys):
+    root = setup
+    path = recipe(root, ["ar", "ooo"], run="no-adapter")
+    text = json.loads(path.read_text())
+    text["eval"]["sidecar"]["adapter"] = str(root / "no-such-adapter")
+    path.write_text(json.dumps(text))
+    with pytest.raises(SystemExit):
+        eval_stage.main(["--recipe", str(path)])
+    err = capsys.readouterr().err
+    assert err.count("no-such-adapter/adapter_config.json not found") == 1 and "make train" in err
+    assert not (root / "results" / "no-adapter" / "rows.jsonl").exists()
