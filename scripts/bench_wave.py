@@ -6,11 +6,15 @@ Run as: .venv/bin/python scripts/bench_wave.py --model checkpoints/base/smollm2-
 
 For each request the three methods get the same token ids (`wave.wave_inputs`: shared prefix + one suffix per
 question) and decode greedily up to --max-value-tokens, stopping at <|im_end|>/eos:
-  wave     SlotWave.run: prefix forward once, KV cache repeated over the batch of left-padded suffixes, parallel
-           greedy decode (finished rows leave the batch);
+  wave     SlotWave.run as the sidecar runs it: prefix forward once, written once into a preallocated batch cache,
+           parallel greedy decode in place; a row leaves the batch at its stop token or as soon as its answer is a
+           whole JSON value (early stop);
+  wave-before  the wave before those two changes: the prefix KV repeated per row in a DynamicCache (each step
+           copies the whole cache), rows leave only at their stop token;
   naive    one `model.generate` per prompt (prefix + suffix), one after the other;
   batched  one `model.generate` over all prompts, each its full prefix + suffix, left-padded (no sharing).
-Latency is token ids in -> answer tokens out (tokenizing and the join are the same for all three and take
+The answers compared are the decoded texts' JSON values (early stop ends a row where its value is whole).
+Latency (wall) and CPU seconds (this process, every thread) are token ids in -> answer tokens out (tokenizing and the join are the same for all three and take
 milliseconds). It checks that the three give the same answers and prints p50 / p90 / mean per method, by prompts per
 wave (requests with 10+ slots apart: the target there is wave >= 3x faster than naive). Not a test: it measures.
 """
@@ -25,11 +29,12 @@ from pathlib import Path
 
 import torch
 
+from pipeline.hardware import machine
 from pipeline.io import iter_jsonl, write_json
-from pipeline.sidecar.rows import slot_keys
-from pipeline.sidecar.wave import SlotWave, wave_inputs
+from pipeline.sidecar.rows import answer_complete, parse_answer, slot_keys
+from pipeline.sidecar.wave import SlotWave, answer_texts, wave_inputs
 
-METHODS = ("wave", "naive", "batched")
+METHODS = ("wave", "wave-before", "naive", "batched")
 
 
 def pick(path: str, n: int, how: str) -> list[dict]:
@@ -75,23 +80,25 @@ def run_batched(model, prefix, suffixes, cap, stop_ids, pad_id):
 def percentiles(xs: list[float]) -> dict:
     xs = sorted(xs)
     q = lambda p: xs[min(len(xs) - 1, round(p * (len(xs) - 1)))]  # noqa: E731  nearest-rank on few points
-    return {"p50": statistics.median(xs), "p90": q(0.9), "mean": statistics.fmean(xs), "n": len(xs)}
+    return {"p50": statistics.median(xs), "p95": q(0.95), "mean": statistics.fmean(xs), "n": len(xs)}
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[dict], methods: list[str]) -> str:
     groups = {"all": results, "<10 slots": [r for r in results if r["slots"] < 10],
               "10+ slots": [r for r in results if r["slots"] >= 10]}
-    lines = ["| requests | n | prompts/wave (mean) | method | p50 s | p90 s | mean s | naive / method (mean) |",
-             "|---|---|---|---|---|---|---|---|"]
+    ref = "naive" if "naive" in methods else methods[-1]
+    lines = ["| requests | n | prompts/wave (mean) | method | p50 s | p95 s | mean s | CPU-s/request | "
+             f"{ref} / method (mean) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, rs in groups.items():
         if not rs:
             continue
         prompts = statistics.fmean(r["prompts"] for r in rs)
-        naive_mean = statistics.fmean(r["naive"] for r in rs)
-        for m in METHODS:
+        ref_mean = statistics.fmean(r[ref] for r in rs)
+        for m in methods:
             p = percentiles([r[m] for r in rs])
-            lines.append(f"| {name} | {len(rs)} | {prompts:.1f} | {m} | {p['p50']:.2f} | {p['p90']:.2f} | "
-                         f"{p['mean']:.2f} | {naive_mean / p['mean']:.2f}x |")
+            lines.append(f"| {name} | {len(rs)} | {prompts:.1f} | {m} | {p['p50']:.2f} | {p['p95']:.2f} | "
+                         f"{p['mean']:.2f} | {statistics.fmean(r[m + '_cpu_s'] for r in rs):.2f} | "
+                         f"{ref_mean / p['mean']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -106,11 +113,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="float32",
                     help="bfloat16 is faster, but its rounding differs between batch shapes (answers may differ)")
     ap.add_argument("--max-value-tokens", type=int, default=32)
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--out", help="JSON with per-request timings and the summary")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
+    methods = [m for m in METHODS if m in args.methods]
     wave = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens)
+    before = SlotWave(wave.model, tokenizer=wave.tokenizer, max_value_tokens=args.max_value_tokens,
+                      compact=wave.compact, chat_template_kwargs=wave.chat_template_kwargs, early_stop=False,
+                      prealloc=False)
     model, tok, cap, stop_ids, pad = wave.model, wave.tokenizer, wave.max_value_tokens, wave.stop_ids, wave.pad_id
     requests = [r for path in args.requests for r in pick(path, args.per_file, args.pick)]
     results = []
@@ -119,33 +131,42 @@ def main(argv: list[str] | None = None) -> dict:
         run_naive(model, [1, 2, 3], [[4]], 2, stop_ids, pad)
         run_batched(model, [1, 2, 3], [[4], [5, 6]], 2, stop_ids, pad)
         wave.run([1, 2, 3], [[4], [5, 6]])
+        before.run([1, 2, 3], [[4], [5, 6]])
         for k, req in enumerate(requests):
-            prefix, suffixes, _ = wave_inputs(tok, req, wave.compact, wave.chat_template_kwargs)
-            timed, outputs = {}, {}
-            for m in METHODS:
-                t0 = time.perf_counter()
+            prefix, suffixes, keys = wave_inputs(tok, req, wave.compact, wave.chat_template_kwargs)
+            n_tools = len(req["tools"])
+            timed, cpu, outputs = {}, {}, {}
+            for m in methods:
+                t0, c0 = time.perf_counter(), time.process_time()
                 if m == "wave":
-                    outputs[m] = wave.run(prefix, suffixes)[0]
+                    done = lambda r, text, keys=keys, n=n_tools: answer_complete(text, keys[r][0], n)  # noqa: E731
+                    outputs[m] = wave.run(prefix, suffixes, done)[0]
+                elif m == "wave-before":
+                    outputs[m] = before.run(prefix, suffixes)[0]
                 elif m == "naive":
                     outputs[m] = run_naive(model, prefix, suffixes, cap, stop_ids, pad)
                 else:
                     outputs[m] = run_batched(model, prefix, suffixes, cap, stop_ids, pad)
-                timed[m] = time.perf_counter() - t0
-            same = {m: sum(a == b for a, b in zip(outputs[m], outputs["naive"])) for m in ("wave", "batched")}
+                timed[m], cpu[f"{m}_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+            ref = methods[-1] if "naive" not in methods else "naive"
+            values = {m: [parse_answer(t) for t in answer_texts(tok, outputs[m], stop_ids)] for m in methods}
+            same = {m: sum(a == b for a, b in zip(values[m], values[ref])) for m in methods}
             results.append({"id": req["id"], "slots": len(suffixes) - 1, "prompts": len(suffixes),
                             "prefix_tokens": len(prefix), "suffix_tokens": sum(map(len, suffixes)),
-                            "generated": sum(map(len, outputs["wave"])), **timed,
-                            "wave_same_as_naive": same["wave"], "batched_same_as_naive": same["batched"]})
+                            "generated": {m: sum(map(len, outputs[m])) for m in methods}, **timed, **cpu,
+                            **{f"{m}_same_as_ref": same[m] for m in methods}})
             r = results[-1]
             print(f"[{k + 1}/{len(requests)}] {req['id']}: {r['prompts']} prompts, prefix {r['prefix_tokens']} tok, "
-                  f"wave {r['wave']:.2f}s naive {r['naive']:.2f}s batched {r['batched']:.2f}s, same as naive: "
-                  f"wave {same['wave']}/{r['prompts']} batched {same['batched']}/{r['prompts']}", flush=True)
+                  + ", ".join(f"{m} {r[m]:.2f}s ({r[m + '_cpu_s']:.2f} CPU-s, {same[m]}/{r['prompts']} same)"
+                              for m in methods), flush=True)
     n_rows = sum(r["prompts"] for r in results)
-    agree = {m: sum(r[f"{m}_same_as_naive"] for r in results) for m in ("wave", "batched")}
-    text = table(results)
+    agree = {m: sum(r[f"{m}_same_as_ref"] for r in results) for m in methods}
+    text = table(results, methods)
     print(f"\n{args.model} ({args.dtype}, {args.threads} thread(s), cap {cap} tokens), {len(results)} requests\n")
     print(text)
-    print(f"\nanswers identical to naive: wave {agree['wave']}/{n_rows} rows, batched {agree['batched']}/{n_rows} rows")
+    print(f"\nanswers (JSON values) equal to {methods[-1] if 'naive' not in methods else 'naive'}'s: "
+          + ", ".join(f"{m} {agree[m]}/{n_rows} rows" for m in methods))
+    print(f"machine: {machine(args.dtype, args.threads)}")
     report = {"config": vars(args), "results": results, "table": text, "agree": agree, "rows": n_rows}
     if args.out:
         write_json(Path(args.out), report)

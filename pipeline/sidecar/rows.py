@@ -127,6 +127,25 @@ def parse_function_answer(text: str, n_tools: int) -> int | None:
     return value
 
 
+def answer_complete(text: str, kind: str, n_tools: int) -> bool:
+    """Is `text` already a whole answer, so that the wave can stop the row before its stop token?
+
+    A slot answer is whole once it parses as a JSON value that no further text could extend: a closed string, object
+    or array, `null`, `true`, `false` (a number may still grow a digit: it waits for its stop token). A function
+    answer is whole once it is a tool index that no further digit could keep in range."""
+    text = text.strip()
+    if not text:
+        return False
+    if kind == "function":
+        return text.isdigit() and int(text) * 10 >= n_tools
+    if text[-1] not in '"]}el':  # a closed string / array / object, or the end of null, true, false
+        return False
+    value = parse_answer(text)
+    if value is UNKNOWN:
+        return False
+    return isinstance(value, bool) or not isinstance(value, (int, float))
+
+
 def label_from_call(request: dict, call: dict) -> dict:
     """Function index + a value (or None) for every parameter of the called tool."""
     tools = request["tools"]

@@ -6,8 +6,10 @@ parameter)) at once:
      of row suffixes (`DynamicCache.batch_repeat_interleave`); the suffixes, left-padded, go through one forward
      with a 2-D mask [ones over the prefix | zeros over the padding | ones over the suffix] and position ids that
      continue from the prefix length, so every row sees exactly `prefix + its suffix`;
-  2. decode: greedy, all rows in parallel, at most `max_value_tokens` tokens; a row stops at <|im_end|> / eos and
-     leaves the batch (`batch_select_indices`), so short answers (`null`) do not pay for long ones;
+  2. decode: greedy, all rows in parallel, at most `max_value_tokens` tokens; a row stops at <|im_end|> / eos or as
+     soon as its text is a whole answer (a closed JSON value; a tool index no digit can extend) and leaves the batch
+     (`batch_select_indices`), so short answers (`null`) do not pay for long ones. The batch cache is preallocated
+     (`rows_cache`): the prefix is copied once into each row's slot and each step writes in place;
   3. join (`join.py`): answers parsed as JSON (not JSON -> unknown), the chosen tool's valid slots -> the payload's
      top call, every other tool's non-null valid slots -> its `others` (`pipeline.payload`).
 Each row's tokens equal those of running `prefix + suffix` alone with greedy decoding (tests check this in
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from ..io import looks_like_hub_id
 from .join import answer_json, join_answers, parse_answers
-from .rows import render_prefix_and_suffixes, wave_questions
+from .rows import answer_complete, render_prefix_and_suffixes, wave_questions
 
 DEFAULT_MAX_VALUE_TOKENS = 32  # the longest slot values of the four benchmarks are ~25 tokens in SmolLM2's BPE
 
@@ -68,6 +70,15 @@ def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
     if not ids:
         raise ValueError("the tokenizer has neither <|im_end|> nor an eos token: a wave row could never stop")
     return sorted(ids)
+
+
+def decode(tokenizer, ids: list[int]) -> str:
+    """Ids -> text, special tokens kept (the fast backend directly where there is one: the wave decodes every live
+    row at every step to see whether its answer is whole)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.decode(ids, skip_special_tokens=False)
+    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def answer_texts(tokenizer, token_rows: list[list[int]], stop_ids) -> list[str]:
@@ -155,12 +166,16 @@ class SlotWave:
 
     `model`: a folder / hub id, or a loaded model (then pass `tokenizer=`). `adapter`: a peft adapter folder; its
     recipe.yaml supplies `compact` and `chat_template_kwargs` unless given. `stop_ids` overrides the stop tokens.
+    `early_stop`: a row leaves the batch as soon as its text is a whole answer (`rows.answer_complete`), without
+    waiting for its stop token (false: only at the stop token or the cap). `prealloc`: the batch cache is
+    preallocated and written in place (false: transformers' DynamicCache repeated per row, which copies the whole
+    cache at every step; kept for scripts/bench_wave.py's before/after).
     """
 
     def __init__(self, model, adapter: str | Path | None = None, *, tokenizer=None,
                  max_value_tokens: int = DEFAULT_MAX_VALUE_TOKENS, compact: bool | None = None, dtype="float32",
                  chat_template_kwargs: dict | None = None, merge_adapter: bool = False, prune_finished: bool = True,
-                 stop_ids: list[int] | None = None):
+                 stop_ids: list[int] | None = None, early_stop: bool = True, prealloc: bool = True):
         if isinstance(model, (str, Path)):
             self.model, self.tokenizer = load_sidecar(model, adapter, dtype, merge_adapter)
         else:
@@ -176,7 +191,7 @@ class SlotWave:
             self.tokenizer = tokenizer
         self.max_value_tokens = int(max_value_tokens)
         self.compact, self.chat_template_kwargs = prompt_settings(adapter, compact, chat_template_kwargs)
-        self.prune_finished = prune_finished
+        self.prune_finished, self.early_stop, self.prealloc = prune_finished, early_stop, prealloc
         self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(
             self.tokenizer, getattr(self.model, "generation_config", None))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_ids[0]
@@ -185,7 +200,9 @@ class SlotWave:
         t_start = time.perf_counter()
         prefix, suffixes, keys = wave_inputs(self.tokenizer, request, self.compact, self.chat_template_kwargs)
         timings = {"render": time.perf_counter() - t_start}
-        token_rows, run_timings = self.run(prefix, suffixes)
+        n_tools = len(request.get("tools") or [])
+        token_rows, run_timings = self.run(prefix, suffixes, (lambda r, text: answer_complete(text, keys[r][0], n_tools))
+                                           if self.early_stop else None)
         timings.update(run_timings)
         texts = answer_texts(self.tokenizer, token_rows, self.stop_ids)
         pred = finish_prediction(request, keys, texts, timings, t_start)
@@ -193,14 +210,15 @@ class SlotWave:
                              "generated": sum(map(len, token_rows))}
         return pred
 
-    def run(self, prefix: list[int], suffixes: list[list[int]]) -> tuple[list[list[int]], dict[str, float]]:
-        """Greedy tokens of every row `prefix + suffixes[b]` (each ends at its stop token or at the cap)."""
+    def run(self, prefix: list[int], suffixes: list[list[int]], complete=None) -> tuple[list[list[int]], dict]:
+        """Greedy tokens of every row `prefix + suffixes[b]`: each ends at its stop token, at the cap, or as soon as
+        `complete(b, text)` says its text so far is a whole answer (the row then leaves the batch)."""
         import torch
 
         with torch.inference_mode():
-            return self._run(prefix, suffixes)
+            return self._run(prefix, suffixes, complete)
 
-    def _run(self, prefix, suffixes):
+    def _run(self, prefix, suffixes, complete=None):
         import torch
         from transformers import DynamicCache
 
@@ -210,10 +228,13 @@ class SlotWave:
         t0 = time.perf_counter()
         n_rows, n_prefix, width = len(suffixes), len(prefix), max(len(s) for s in suffixes)
 
-        # Prefix once: [1, P] -> cache, then the cache repeated for the batch of rows.
+        # Prefix once: [1, P] -> cache, written once into each row's slot of a preallocated batch cache.
         cache = DynamicCache(config=self.model.config)
         self.model(input_ids=torch.tensor([prefix], device=dev), cache=cache, use_cache=True, logits_to_keep=1)
-        cache.batch_repeat_interleave(n_rows)
+        if self.prealloc:
+            cache = rows_cache(cache, n_rows, n_prefix + width + self.max_value_tokens)
+        else:
+            cache.batch_repeat_interleave(n_rows)
 
         # Suffixes left-padded to [B, W]; mask [B, P + W]; positions continue from P (pad positions are unused).
         ids = torch.full((n_rows, width), self.pad_id, dtype=torch.long, device=dev)
@@ -235,11 +256,17 @@ class SlotWave:
         tokens: list[list[int]] = [[] for _ in range(n_rows)]
         rows = torch.arange(n_rows, device=dev)
         done = torch.zeros(n_rows, dtype=torch.bool, device=dev)  # per live row: it has emitted its stop token
+        stop_set = set(self.stop_ids)
         for step in range(self.max_value_tokens):
-            for r, t, d in zip(rows.tolist(), next_tok.tolist(), done.tolist()):
+            finished = []  # live rows whose answer is whole without a stop token
+            for i, (r, t, d) in enumerate(zip(rows.tolist(), next_tok.tolist(), done.tolist())):
                 if not d:
                     tokens[r].append(t)
+                    if complete is not None and t not in stop_set and complete(r, decode(self.tokenizer, tokens[r])):
+                        finished.append(i)
             done = done | torch.isin(next_tok, stop)
+            if finished:
+                done[finished] = True
             if step == self.max_value_tokens - 1 or done.all():
                 break
             if self.prune_finished and done.any():
@@ -254,6 +281,48 @@ class SlotWave:
             next_pos = next_pos + 1
         t2 = time.perf_counter()
         return tokens, {"prefill": t1 - t0, "decode": t2 - t1}
+
+
+def rows_cache(prefix_cache, n_rows: int, capacity: int):
+    """The wave's batch cache: the prefix's KV [1, H, P, D] written once into a preallocated [n_rows, H, capacity, D]
+    buffer per layer; every later forward writes its new entries in place (a DynamicLayer concatenates, copying the
+    whole batch's cache - prefix included - at every decode step)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class RowsLayer(DynamicLayer):
+        def __init__(self, keys, values):
+            super().__init__()
+            b, h, p, d = keys.shape
+            self.k = keys.new_empty((n_rows, h, max(capacity, p), d))
+            self.v = values.new_empty((n_rows, h, max(capacity, p), d))
+            self.k[:, :, :p] = keys  # broadcast over the rows: the only copy of the prefix
+            self.v[:, :, :p] = values
+            self.length, self.device, self.is_initialized = p, keys.device, True
+            self.keys, self.values = self.k[:, :, :p], self.v[:, :, :p]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            end = self.length + key_states.shape[-2]
+            if end > self.k.shape[2]:  # past the planned capacity: grow once by doubling
+                grow = max(end, 2 * self.k.shape[2]) - self.k.shape[2]
+                self.k = torch.cat([self.k, self.k.new_empty(self.k.shape[:2] + (grow, self.k.shape[3]))], dim=2)
+                self.v = torch.cat([self.v, self.v.new_empty(self.v.shape[:2] + (grow, self.v.shape[3]))], dim=2)
+            self.k[:, :, self.length:end] = key_states
+            self.v[:, :, self.length:end] = value_states
+            self.length = end
+            self.keys, self.values = self.k[:, :, :end], self.v[:, :, :end]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def batch_select_indices(self, indices) -> None:
+            self.k, self.v = self.k[indices], self.v[indices]
+            self.keys, self.values = self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+    import torch
+
+    prefix_cache.layers = [RowsLayer(layer.keys, layer.values) for layer in prefix_cache.layers]
+    return prefix_cache
 
 
 def main(argv: list[str] | None = None) -> None:

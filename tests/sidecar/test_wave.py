@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.sidecar.rows import wave_questions
+from pipeline.sidecar.rows import answer_complete, wave_questions
 from pipeline.sidecar.wave import SlotWave, load_sidecar, prompt_settings, wave_inputs
 from pipeline.testing import FAMILIES, make_tiny_model, make_tiny_model_dir, make_tokenizer
 
@@ -162,11 +162,43 @@ def _scripted_run(tok, answers_by_key, request):
     _, keys = wave_questions(request)
     end = tok.convert_tokens_to_ids("<|im_end|>")
 
-    def run(prefix, suffixes):
+    def run(prefix, suffixes, complete=None):
         assert len(suffixes) == len(keys)
         rows = [tok(answers_by_key.get(k, "null"), add_special_tokens=False)["input_ids"] + [end] for k in keys]
         return rows, {"prefill": 0.01, "decode": 0.02}
     return run
+
+
+def test_a_row_leaves_the_batch_as_soon_as_its_answer_is_whole(tiny_models):
+    """Early stop truncates a row where `complete` says so and leaves every other row's tokens unchanged."""
+    model, tok = tiny_models["qwen2"]
+    wave = SlotWave(model, tokenizer=tok, max_value_tokens=8, stop_ids=[tok.convert_tokens_to_ids("<|im_end|>")])
+    request = REQUESTS[1]
+    prefix, suffixes, keys = wave_inputs(tok, request)
+    full, _ = wave.run(prefix, suffixes)
+    calls = [0] * len(suffixes)
+
+    def complete(r, text):  # asked once per new token: an even row r is "whole" after r + 1 tokens
+        calls[r] += 1
+        return calls[r] >= r + 1 and r % 2 == 0
+
+    early, _ = wave.run(prefix, suffixes, complete)
+    for r, (a, b) in enumerate(zip(full, early)):
+        if r % 2 == 0 and len(full[r]) > r + 1:
+            assert len(b) < len(a) and b == a[:len(b)], r
+        else:
+            assert b == a, r
+    assert any(len(b) < len(a) for a, b in zip(full, early))
+
+
+@pytest.mark.parametrize("text,kind,n_tools,whole", [
+    ('"Par', "slot", 3, False), ('"Paris"', "slot", 3, True), ("nul", "slot", 3, False), ("null", "slot", 3, True),
+    ("12", "slot", 3, False), ("true", "slot", 3, True), ("[1, 2]", "slot", 3, True), ('{"a": 1}', "slot", 3, True),
+    ('{"a": 1', "slot", 3, False), (r'"a\\"', "slot", 3, True), (r'"a\"', "slot", 3, False),
+    ("1", "function", 5, True), ("1", "function", 12, False), ("11", "function", 12, True), ("", "slot", 3, False),
+])
+def test_answer_complete(text, kind, n_tools, whole):
+    assert answer_complete(text, kind, n_tools) is whole
 
 
 def test_predict_decodes_parses_and_joins(tiny_models, monkeypatch):
