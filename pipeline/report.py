@@ -40,13 +40,14 @@ PREFILL_RULE = ("Prefill: variants that prefill the same prompt on the same thre
 def busy(row: dict) -> str | None:
     """Why a row's timings cannot be trusted (another job shared the cores, or the hypervisor stole CPU), or None.
 
-    Judged from the row's `measured` readings: the machine's busy CPU seconds minus this process's and the row's own
-    sidecar wave's, over the row's measured wall time."""
+    Judged from the row's `measured` readings: the machine's busy CPU seconds minus this process's and its own sidecar
+    worker's (measured around the row; else the wave's own CPU seconds), over the row's measured wall time."""
     m = row.get("measured") or {}
     wall = m.get("wall_s") or 0.0
     if not wall or m.get("machine_cpu_s") is None:
         return None
-    foreign = (m["machine_cpu_s"] - (m.get("cpu_s") or 0.0) - (row.get("sidecar_cpu_s") or 0.0)) / wall
+    own = m.get("sidecar_cpu_s") if m.get("sidecar_cpu_s") is not None else row.get("sidecar_cpu_s")
+    foreign = (m["machine_cpu_s"] - (m.get("cpu_s") or 0.0) - (own or 0.0)) / wall
     if foreign > BUSY_FOREIGN_CORES:
         return f"other processes used {foreign:.2f} cores"
     if (m.get("steal_s") or 0.0) / wall > BUSY_STEAL_CORES:

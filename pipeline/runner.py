@@ -139,6 +139,20 @@ class HFPeers:
                 "forwards": max(self.forwards, 1), "new_tokens": len(new), "prompt_tokens": len(prompt)}
 
 
+def worker_cpu_s(sidecar) -> float | None:
+    """CPU seconds a sidecar's worker process has used so far (every wave, finished or abandoned)."""
+    pid = sidecar.pid() if sidecar is not None else None
+    if pid is None:
+        return None
+    try:
+        import psutil
+
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except Exception:  # noqa: BLE001 - no psutil, or the worker just died: not measured
+        return None
+
+
 class Runner:
     """Decodes requests with every (method, schedule) variant on one loaded target; yields rows.
 
@@ -152,13 +166,14 @@ class Runner:
     def __init__(self, target, methods: list[str], *, run: str = "run", schedules: list[str] | None = None,
                  sidecar: dict | None = None, peers: HFPeers | None = None, max_new_tokens: int = 256,
                  seed: int = 0, threads: int | None = None, sidecar_timeout_s: float = 60.0,
-                 tree_budget: str = "auto", prefill_once: bool = True):
+                 tree_budget: str = "auto", prefill_once: bool = True, prefill_chunk: int | None = None):
         from .runtime.target import PrefillMemo
 
         self.target, self.run_name, self.max_new_tokens, self.seed = target, run, max_new_tokens, seed
         self.variants = variants(methods, schedules or ["adaptive"])
         self.schedules = {s: Schedule.on(s, threads) for s in {s for _, s in self.variants}}
         self.peers, self.tree_budget, self.prefill_once = peers, tree_budget, prefill_once
+        self.prefill_chunk = prefill_chunk
         if prefill_once:
             target.memo = PrefillMemo()
         self.sidecars: dict[str, Sidecar] = {}
@@ -202,7 +217,7 @@ class Runner:
         return generate(self.target, request, method, sidecar=self.sidecar_for(schedule),
                         oracle=ar if method == "ooo-oracle" else None, max_new_tokens=max_new_tokens,
                         schedule=sched, tree_budget=self.tree_budget, variant=variant(method, schedule),
-                        reuse_prefill=reuse)
+                        reuse_prefill=reuse, prefill_chunk=self.prefill_chunk)
 
     def order(self, request_id: str) -> list[tuple[str, str]]:
         """The variants in this request's shuffled order; `ar` moves to just before `ooo-oracle` when the shuffle put
@@ -231,9 +246,12 @@ class Runner:
                 continue
             if method == "ooo-oracle" and ar is None:  # ar finished in an earlier run that kept no text
                 ar = self._decode(request, "ar", "all-cores", None, self.max_new_tokens)
-            before = cpu_sample()
+            worker = self.sidecar_for(schedule) if method in METHOD_TABLE and METHOD_TABLE[method].sidecar else None
+            before, w0 = cpu_sample(), worker_cpu_s(worker)
             out = self._decode(request, method, schedule, ar, self.max_new_tokens)
             usage = cpu_usage(before, cpu_sample())
+            w1 = worker_cpu_s(worker)
+            usage["sidecar_cpu_s"] = w1 - w0 if w0 is not None and w1 is not None else None
             row = {"key": key, "run": self.run_name, "target": self.target.name, "benchmark": benchmark,
                    "request_id": request["id"], "method": method, "schedule": schedule,
                    "variant": variant(method, schedule), "threads": len(self.schedules[schedule].cores),

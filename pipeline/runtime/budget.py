@@ -161,6 +161,12 @@ class TreeBudget:
         self.rounds = 0
         self.skip = False      # the last drafted round did not pay for its own drafting: skip drafting for a while
 
+    def start_request(self) -> None:
+        """A new request starts undecided: its round counter and skip flag are its own (an earlier request's
+        text-only answer must not leave the next one undrafted); the learned acceptance rates and drafting time
+        carry over."""
+        self.rounds, self.skip = 0, False
+
     def should_draft(self) -> bool:
         """Whether to propose at all this round. After a round whose best tree did not beat a plain decode step once
         its drafting time is counted, rounds go without drafting (a plain step, no drafting cost) except every

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from .drafters import Context, HintDrafter, History, HistoryDrafter, PromptLookup, SchemaDrafter
 from .hint import call_formats
+from .jsonstate import scan
 from .parse import parse_lenient, payload_from_call
 from .sidecar_client import Ready
 from .budget import TreeBudget
@@ -128,7 +129,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
              max_nodes: int = 32, max_depth: int = 24, history: History | None = None, oracle=None,
              validate_hint: bool = True, extra_drafters: list | None = None, on_commit=None,
              tree_budget: str = "auto", schedule=None, variant: str | None = None,
-             reuse_prefill: bool = False) -> Result:
+             reuse_prefill: bool = False, prefill_chunk: int | None = None) -> Result:
     """Decode `request` greedily with `method`; the tokens equal `ar`'s for every method and any sidecar.
 
     sidecar: for "ooo", a `Sidecar` (started here, when the request arrives) or an already started hint
@@ -147,6 +148,8 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
       (e.g. ooo under two schedules) must not see each other's outputs of the same request.
     reuse_prefill: take this request's earlier measured prefill on the same threads from `target.memo` (the eval's
       rule for variants that do the same prefill work); prefill_s and wall_s are charged the measured seconds.
+    prefill_chunk: prefill in chunks of this many tokens, asking the schedule for the thread count between chunks
+      (None: one forward, threads chosen once before it).
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
@@ -171,6 +174,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     budget = None
     if tree_budget == "auto" and getattr(target, "curve", None) is not None and drafters:
         budget = target.budgets.setdefault(variant or method, TreeBudget(target.curve, max_nodes))
+        budget.start_request()
     elif tree_budget not in ("auto", "fixed"):
         raise ValueError(f"tree_budget {tree_budget!r}; expected 'auto' or 'fixed'")
 
@@ -180,8 +184,14 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
             target.set_threads(n)
             stats.threads.append(n)
 
+    wave_running = getattr(pending, "running", lambda: False)
+    cancel_wave = getattr(pending, "cancel", lambda: None)
+    if pending is not None and getattr(schedule, "sequential", False):
+        while pending.poll() is None and getattr(pending, "error", None) is None:  # the wave first, every core
+            time.sleep(0.002)
     set_threads()
-    stats.prefill_s = target.prefill(prompt[:-1], key=request.get("id"), reuse=reuse_prefill)
+    stats.prefill_s = target.prefill(prompt[:-1], key=request.get("id"), reuse=reuse_prefill, chunk=prefill_chunk,
+                                     between=set_threads if schedule is not None else None)
     stats.cached_tokens = getattr(target, "cached_tokens", 0)
     done = getattr(target, "last_prefill", {})
     stats.prefill_reused, stats.prefill_cpu_s = bool(done.get("reused")), float(done.get("cpu_s") or 0.0)
@@ -234,6 +244,8 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
             break
         target.keep(len(tree), path)  # drop the rejected branches from the cache
         root = new[-1]
+        if wave_running() and scan(target.decode(output)).state == "done":
+            cancel_wave()  # the call is written: the wave can no longer help, its core goes back to the target
         set_threads()
     end = time.perf_counter()
     stats.decode_s, stats.wall_s = end - t_decode, end - started + shift
@@ -242,6 +254,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     if hint is not None:  # a hint that arrives after the last round is "not ready" (hint_ready_s None)
         stats.hint_ready_s, stats.payload_bytes, stats.hint_error = hint.ready_s, hint.bytes, hint.error
         stats.sidecar_cpu_s = getattr(pending, "cpu_s", None)
+    cancel_wave()  # the request has ended: a queued wave is dropped, a running one abandoned
     body = output[:-1] if output and output[-1] in target.stop_ids else output
     text = target.decode(body)
     history.add(prompt, output, text)

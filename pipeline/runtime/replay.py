@@ -42,7 +42,8 @@ class ReplayTarget:
     def set_threads(self, n: int) -> None:
         pass
 
-    def prefill(self, ids: list[int], key: str | None = None, reuse: bool = False, prefix_cache: bool = True) -> float:
+    def prefill(self, ids: list[int], key: str | None = None, reuse: bool = False, prefix_cache: bool = True,
+                chunk: int | None = None, between=None) -> float:
         self.done = 0
         self.last_prefill = {"seconds": 0.0, "cpu_s": 0.0, "reused": False, "spent": 0.0}
         return 0.0

@@ -4,7 +4,10 @@
 - `split`: the target on n-1 cores, the sidecar on the last one (the analogue of the paper's separate GPUs);
 - `colocated`: target and sidecar both use every core (they contend while the wave runs);
 - `adaptive`: the sidecar on the last core; the target uses every core except while the wave is computing (the
-  wave counts as running from the request's arrival until it answers; the target changes its thread count at round boundaries).
+  wave counts as running from the request's arrival until it answers or is cancelled; the target changes its thread
+  count between prefill chunks and at round boundaries);
+- `sequential`: the wave first, on every core, then the target on every core (no overlap: the honest reference for
+  whether overlapping the two buys anything on a small machine).
 A schedule gives the sidecar's cores (where its worker is pinned) and, through `threads(pending)`, the target's
 thread count before prefill and at every round boundary (see `generate(schedule=...)`).
 """
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 
 from pipeline.hardware import available_cores
 
-SCHEDULES = ("all-cores", "split", "colocated", "adaptive")
+SCHEDULES = ("all-cores", "split", "colocated", "adaptive", "sequential")
 
 
 @dataclass
@@ -31,6 +34,11 @@ class Schedule:
     def on(cls, name: str, threads: int | None = None) -> Schedule:
         cores = available_cores()
         return cls(name, cores[:threads] if threads else cores)
+
+    @property
+    def sequential(self) -> bool:
+        """The target waits for the wave (answered, failed or timed out) before its prefill."""
+        return self.name == "sequential"
 
     @property
     def sidecar_cores(self) -> list[int]:

@@ -6,7 +6,9 @@ It runs in a worker process so the target keeps decoding while the wave runs (th
 - `Sidecar(wave)` with the default "fork" start method accepts any callable (closures too);
 - `Sidecar(factory="pkg.module:make_wave", factory_kwargs={...}, start_method="spawn")` builds the wave inside
   the worker once (e.g. loads a model), so every request reuses it.
-`sidecar.start(request)` sends the request and returns a `Pending` at once; `pending.poll()` returns the payload
+`sidecar.start(request)` sends the request and returns a `Pending` at once; `pending.cancel()` drops a queued wave and
+abandons a running one at its next decode step (a wave callable that accepts `cancelled=` is handed a check; one that
+raises `WaveCancelled` is reported as cancelled); `pending.poll()` returns the payload
 once ready, else None; `pending.running()` says whether the wave is still in flight (the adaptive schedule gives the
 target the sidecar's core back the moment it answers); `pending.cpu_s` is the wave's CPU time (charged to the method that uses it). Timeouts, a worker that dies, exceptions and payloads that are not JSON set
 `pending.error` (logged by the caller) and the loop simply goes on without a hint.
@@ -15,6 +17,7 @@ target the sidecar's core back the moment it answers); `pending.cpu_s` is the wa
 from __future__ import annotations
 
 import importlib
+import inspect
 import itertools
 import json
 import logging
@@ -33,22 +36,40 @@ def load_factory(spec: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _worker(wave, factory, factory_kwargs, inbox, outbox) -> None:
+class WaveCancelled(Exception):
+    """Raised inside a wave whose request has ended (the worker reports it as cancelled)."""
+
+
+def takes_cancelled(wave) -> bool:
+    """Whether a wave callable accepts `cancelled=` (a check it calls between decode steps)."""
+    try:
+        return "cancelled" in inspect.signature(wave).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _worker(wave, factory, factory_kwargs, inbox, outbox, cancel_through) -> None:
     if factory is not None:
         try:
             wave = load_factory(factory)(**(factory_kwargs or {}))
         except Exception as e:  # noqa: BLE001 - reported to the parent, which ignores the sidecar
             outbox.put((None, "error", f"sidecar factory failed: {e!r}", time.time(), None))
             return
+    checks = takes_cancelled(wave)
     while True:
         item = inbox.get()
         if item is None:
             return
         rid, request = item
+        if rid <= cancel_through.value:  # its request ended while it waited: never started
+            outbox.put((rid, "cancelled", "", time.time(), 0.0))
+            continue
         cpu0 = time.process_time()
         try:
-            body = json.dumps(wave(request))
-            outbox.put((rid, "ok", body, time.time(), time.process_time() - cpu0))
+            out = wave(request, cancelled=lambda r=rid: r <= cancel_through.value) if checks else wave(request)
+            outbox.put((rid, "ok", json.dumps(out), time.time(), time.process_time() - cpu0))
+        except WaveCancelled:  # abandoned at a decode step: its request ended
+            outbox.put((rid, "cancelled", "", time.time(), time.process_time() - cpu0))
         except Exception as e:  # noqa: BLE001 - a failing wave is a missing hint, never a failed request
             outbox.put((rid, "error", repr(e), time.time(), time.process_time() - cpu0))
 
@@ -64,25 +85,38 @@ class Pending:
         self.done_s: float | None = None
         self.ready_wall: float | None = None  # wall clock (time.time) when the worker finished the wave
         self.cpu_s: float | None = None       # CPU seconds of the worker process for this wave
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """The request no longer wants its wave (it ended, or its output is past the arguments): a queued wave is
+        dropped, a running one abandoned at its next decode step, and a late answer discarded. Idempotent."""
+        if self.cancelled or self.payload is not None or self.error is not None:
+            return
+        self.cancelled = True
+        self.sidecar.cancel(self.rid)
 
     def running(self) -> bool:
-        """Whether this request's wave is still in flight: sent at the request's arrival and not yet answered
-        (a wave the worker has not picked up yet is about to compute: the adaptive schedule must not give its core to
-        the target's prefill). Never blocks."""
-        if self.payload is not None or self.error is not None or self.done_s is not None:
+        """Whether this request's wave is still in flight: sent at the request's arrival and neither answered nor
+        cancelled (a wave the worker has not picked up yet is about to compute: the adaptive schedule must not give
+        its core to the target's prefill; waves of ended requests are cancelled, so it is never another's). Never
+        blocks."""
+        if self.payload is not None or self.error is not None or self.done_s is not None or self.cancelled:
             return False
         self.sidecar._drain()
         return self.rid not in self.sidecar._results and self.sidecar.alive()
 
     def poll(self):
         """The payload if it has arrived, else None. Never blocks."""
-        if self.payload is not None or self.error is not None:
+        if self.payload is not None or self.error is not None or self.cancelled:
             return self.payload
         self.sidecar._drain()
         msg = self.sidecar._results.pop(self.rid, None)
         if msg is not None:
             status, body, self.ready_wall, self.cpu_s = msg
             self.done_s = time.perf_counter() - self.started
+            if status == "cancelled":
+                self.error = "sidecar wave cancelled"
+                return None
             if status != "ok":
                 self.error = f"sidecar wave failed: {body}"
                 return None
@@ -117,6 +151,9 @@ class Ready:
     def running(self) -> bool:
         return False
 
+    def cancel(self) -> None:
+        pass
+
 
 class Sidecar:
     def __init__(self, wave=None, *, factory: str | None = None, factory_kwargs: dict | None = None,
@@ -130,6 +167,7 @@ class Sidecar:
         self._ids = itertools.count()
         self._proc = None
         self._results: dict[int, tuple[str, str, float, float | None]] = {}
+        self._cancel = self.ctx.Value("q", -1)  # waves with id <= this are cancelled (requests run one at a time)
 
     def _ensure(self) -> None:
         if self._proc is not None and self._proc.is_alive():
@@ -137,7 +175,8 @@ class Sidecar:
         self.stop()
         self._inbox, self._outbox = self.ctx.Queue(), self.ctx.Queue()
         self._proc = self.ctx.Process(target=_worker, daemon=True,
-                                      args=(self.wave, self.factory, self.factory_kwargs, self._inbox, self._outbox))
+                                      args=(self.wave, self.factory, self.factory_kwargs, self._inbox, self._outbox,
+                                            self._cancel))
         self._proc.start()
 
     def start(self, request: dict) -> Pending:
@@ -146,6 +185,14 @@ class Sidecar:
         rid = next(self._ids)
         self._inbox.put((rid, request))
         return Pending(self, rid, self.timeout_s)
+
+    def cancel(self, rid: int) -> None:
+        """Cancel wave `rid` and every earlier one: requests run one at a time, so an earlier wave's request has
+        ended too. Results nobody waits for are dropped."""
+        with self._cancel.get_lock():
+            self._cancel.value = max(self._cancel.value, rid)
+        for done in [r for r in self._results if r <= rid]:
+            del self._results[done]
 
     def _drain(self) -> None:
         while self._proc is not None:
@@ -158,7 +205,12 @@ class Sidecar:
             if rid is None:
                 log.warning("%s", body)
                 continue
+            if rid <= self._cancel.value:
+                continue  # cancelled: nobody waits for it
             self._results[rid] = (status, body, at, cpu)
+
+    def pid(self) -> int | None:
+        return self._proc.pid if self.alive() else None
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.is_alive()

@@ -185,13 +185,17 @@ class Target:
         return self.cache.get_seq_length() if self.cache is not None else 0
 
     @torch.inference_mode()
-    def prefill(self, ids: list[int], key: str | None = None, reuse: bool = False, prefix_cache: bool = True) -> float:
+    def prefill(self, ids: list[int], key: str | None = None, reuse: bool = False, prefix_cache: bool = True,
+                chunk: int | None = None, between=None) -> float:
         """Start a new request: fill a fresh cache with `ids` (the prompt minus its last token), reusing the longest
         prefix the prefix cache holds (not one stored under the same `key`); returns the seconds it is charged.
 
         reuse: take this request's earlier measured prefill on the same threads from `self.memo` (restored KV,
           charged its measured seconds; `last_prefill["spent"]` says what the restore really took).
-        prefix_cache: false neither reads nor stores the prefix cache (the cost curve's synthetic prompt)."""
+        prefix_cache: false neither reads nor stores the prefix cache (the cost curve's synthetic prompt).
+        chunk: feed the uncached prompt in chunks of this many tokens (None: one forward); `between()` is called
+          before every chunk after the first (the adaptive schedule sets the thread count there, so the target gets
+          every core back as soon as the wave answers, mid-prefill). Chunked and whole prefill give the same cache."""
         from transformers import DynamicCache
 
         t0, c0 = time.perf_counter(), time.process_time()
@@ -213,9 +217,13 @@ class Target:
             for i, (k, v) in enumerate(layers):
                 self.cache.update(k[..., :done, :], v[..., :done, :], i)
         self.cached_tokens = done
-        if len(ids) > done:
-            x = torch.tensor([ids[done:]], device=self.device)
-            pos = torch.arange(done, len(ids), device=self.device)[None]
+        step = max(int(chunk), 1) if chunk else max(len(ids) - done, 1)
+        for start in range(done, len(ids), step):
+            if between is not None and start > done:
+                between()
+            end = min(start + step, len(ids))
+            x = torch.tensor([ids[start:end]], device=self.device)
+            pos = torch.arange(start, end, device=self.device)[None]
             self.model(input_ids=x, position_ids=pos, cache=self.cache, use_cache=True, logits_to_keep=1)
         if store is not None and ids:
             store.store(ids, key, self.cache)

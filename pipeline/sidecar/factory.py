@@ -53,8 +53,14 @@ def make_wave(model: str, adapter: str | None = None, dtype: str = "auto", cores
     if device != "cpu":
         wave.model.to(device)
 
-    def predict(request: dict):
-        return wave.predict(request).payload
+    def predict(request: dict, cancelled=None):
+        from ..runtime.sidecar_client import WaveCancelled
+        from .wave import Cancelled
+
+        try:
+            return wave.predict(request, cancelled).payload
+        except Cancelled:
+            raise WaveCancelled from None
 
     return predict
 

@@ -31,6 +31,10 @@ from ..io import looks_like_hub_id
 from .join import answer_json, join_answers, parse_answers
 from .rows import answer_complete, render_prefix_and_suffixes, wave_questions
 
+class Cancelled(Exception):
+    """The wave's `cancelled()` check said its request has ended: abandoned between decode steps."""
+
+
 DEFAULT_MAX_VALUE_TOKENS = 32  # the longest slot values of the four benchmarks are ~25 tokens in SmolLM2's BPE
 
 
@@ -196,13 +200,14 @@ class SlotWave:
             self.tokenizer, getattr(self.model, "generation_config", None))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_ids[0]
 
-    def predict(self, request: dict) -> WavePrediction:
+    def predict(self, request: dict, cancelled=None) -> WavePrediction:
+        """The wave on `request`; `cancelled()`, checked before every forward, abandons it (raises `Cancelled`)."""
         t_start = time.perf_counter()
         prefix, suffixes, keys = wave_inputs(self.tokenizer, request, self.compact, self.chat_template_kwargs)
         timings = {"render": time.perf_counter() - t_start}
         n_tools = len(request.get("tools") or [])
         token_rows, run_timings = self.run(prefix, suffixes, (lambda r, text: answer_complete(text, keys[r][0], n_tools))
-                                           if self.early_stop else None)
+                                           if self.early_stop else None, cancelled)
         timings.update(run_timings)
         texts = answer_texts(self.tokenizer, token_rows, self.stop_ids)
         pred = finish_prediction(request, keys, texts, timings, t_start)
@@ -210,15 +215,17 @@ class SlotWave:
                              "generated": sum(map(len, token_rows))}
         return pred
 
-    def run(self, prefix: list[int], suffixes: list[list[int]], complete=None) -> tuple[list[list[int]], dict]:
+    def run(self, prefix: list[int], suffixes: list[list[int]], complete=None,
+            cancelled=None) -> tuple[list[list[int]], dict]:
         """Greedy tokens of every row `prefix + suffixes[b]`: each ends at its stop token, at the cap, or as soon as
-        `complete(b, text)` says its text so far is a whole answer (the row then leaves the batch)."""
+        `complete(b, text)` says its text so far is a whole answer (the row then leaves the batch). `cancelled()` is
+        checked before every forward: true raises `Cancelled`."""
         import torch
 
         with torch.inference_mode():
-            return self._run(prefix, suffixes, complete)
+            return self._run(prefix, suffixes, complete, cancelled)
 
-    def _run(self, prefix, suffixes, complete=None):
+    def _run(self, prefix, suffixes, complete=None, cancelled=None):
         import torch
         from transformers import DynamicCache
 
@@ -245,6 +252,8 @@ class SlotWave:
             ids[b, width - len(suffix):] = torch.tensor(suffix, device=dev)
             mask[b, n_prefix + width - len(suffix):] = 1
             positions[b, width - len(suffix):] = torch.arange(n_prefix, n_prefix + len(suffix), device=dev)
+        if cancelled is not None and cancelled():
+            raise Cancelled
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                          logits_to_keep=1)
         next_tok = out.logits[:, -1].argmax(-1)  # [B]
@@ -275,6 +284,8 @@ class SlotWave:
                 rows, next_tok, next_pos = rows[keep], next_tok[keep], next_pos[keep]
                 mask, done = mask[keep], done[keep]
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            if cancelled is not None and cancelled():
+                raise Cancelled
             out = self.model(input_ids=next_tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                              cache=cache, use_cache=True)
             next_tok = out.logits[:, -1].argmax(-1)

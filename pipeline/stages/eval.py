@@ -32,11 +32,12 @@ from ..sidecar.factory import FACTORY, sidecar_kwargs
 
 KNOWN = {"run", "out", "requests_root", "split", "benchmarks", "targets", "methods", "sidecar", "assistant",
          "schedules", "max_new_tokens", "hf_pld_tokens", "threads", "sidecar_timeout_s", "warmup", "seed",
-         "prefix_cache", "tree_budget", "prefill_once", "drop_busy_rows"}
+         "prefix_cache", "tree_budget", "prefill_once", "drop_busy_rows", "prefill_chunk"}
 DEFAULTS = {"out": "eval/results", "requests_root": "data/requests", "split": "test", "schedules": ["adaptive"],
             "max_new_tokens": 256, "hf_pld_tokens": 10, "threads": None, "sidecar_timeout_s": 60.0,
             "methods": list(ALL_METHODS), "sidecar": None, "assistant": None, "warmup": True, "seed": 0,
-            "prefix_cache": True, "tree_budget": "auto", "prefill_once": True, "drop_busy_rows": True}
+            "prefix_cache": True, "tree_budget": "auto", "prefill_once": True, "drop_busy_rows": True,
+            "prefill_chunk": None}
 
 
 def round_robin(requests: dict[str, list[dict]]) -> list[tuple[str, dict]]:
@@ -120,7 +121,8 @@ def run(cfg: dict, recipe: dict) -> Path:
             runner = Runner(target, tmethods, run=cfg["run"], schedules=cfg["schedules"], sidecar=sidecar,
                             peers=peers, max_new_tokens=cfg["max_new_tokens"], seed=cfg["seed"],
                             threads=cfg["threads"], sidecar_timeout_s=cfg["sidecar_timeout_s"],
-                            tree_budget=cfg["tree_budget"], prefill_once=cfg["prefill_once"])
+                            tree_budget=cfg["tree_budget"], prefill_once=cfg["prefill_once"],
+                            prefill_chunk=cfg["prefill_chunk"])
             try:
                 if cfg["warmup"]:
                     runner.warmup(todo[0][1])

@@ -162,10 +162,11 @@ def test_adaptive_schedule_yields_a_core_while_the_wave_computes(targets, reques
             assert pending.running() and adaptive.threads(pending) == 1
             res = generate(target, req, "ooo", sidecar=pending, schedule=adaptive, max_new_tokens=12)
             assert res.token_ids == ar.token_ids and res.stats.threads[0] == 1
-            while pending.poll() is None and pending.error is None and time.perf_counter() - t0 < 10:
-                time.sleep(0.01)
-            assert not pending.running() and adaptive.threads(pending) == 2
-            assert pending.cpu_s is not None and pending.cpu_s < 0.9  # the wave slept: little CPU is charged
+            # the request ended before its wave answered: the wave is cancelled and its core is the target's again
+            assert pending.cancelled and not pending.running() and adaptive.threads(pending) == 2
+            answered = sidecar.start(req)
+            assert _wait_payload(answered) == gold_payload(req)
+            assert answered.cpu_s is not None and answered.cpu_s < 0.9  # the wave slept: little CPU is charged
     finally:
         import torch
 
@@ -214,3 +215,150 @@ def test_drafting_resumes_when_a_hint_arrives(targets, requests):
     finally:
         target.curve = None
         target.budgets.clear()
+
+
+def test_chunked_prefill_equals_one_forward_cold_and_after_a_partial_prefix_hit(targets, requests):
+    """Chunked prefill (any chunk size) and a prefill that reuses part of another prompt's KV give the cache a cold,
+    whole prefill gives (float64), so the next forward's logits are the same."""
+    import torch
+
+    from pipeline.runtime.target import PrefixCache
+    from pipeline.runtime.verify import build_tree as tree_of
+
+    target, req = targets["qwen2"], requests[0]
+    ids = target.prompt_ids(req)
+    prefix, root = ids[:-1], ids[-1]
+    target.prefix_cache = None
+
+    def next_logits():
+        return target.logits(tree_of(root, [], 4, 4))
+
+    target.prefill(prefix)
+    cold = next_logits()
+    calls = []
+    for chunk in (1, 5, 16, len(prefix) + 3):
+        target.prefill(prefix, chunk=chunk, between=lambda c=chunk: calls.append(c))
+        assert torch.allclose(next_logits(), cold, atol=1e-12, rtol=0), chunk
+    assert calls.count(5) == -(-len(prefix) // 5) - 1 and calls.count(len(prefix) + 3) == 0  # between chunks only
+    # partial reuse: another request shares the first half of the prompt (its KV computed under other tokens after)
+    target.prefix_cache = PrefixCache(min_tokens=4)
+    half = len(prefix) // 2
+    target.prefill(prefix[:half] + [7] * 9, key="other")
+    target.prefill(prefix, key="this", chunk=4)
+    assert target.cached_tokens == half
+    assert torch.allclose(next_logits(), cold, atol=1e-12, rtol=0)
+    target.prefix_cache = PrefixCache()
+
+
+def test_the_budget_state_of_a_request_does_not_depend_on_the_request_before(tok, requests):
+    """A text-only answer sets the skip flag and round counter; the next request starts fresh (same forwards as with
+    nothing before it), while the learned acceptance rates carry over."""
+    call = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```'
+    text = "I cannot help with that, but here is a long answer without any tool call at all, as models write."
+    req, other = requests[0], dict(requests[0], id="text-only")
+    fresh = ReplayTarget(tok, {req["id"]: call}, curve=STEEP)
+    alone = generate(fresh, req, "toolspec", max_new_tokens=64)
+    after = ReplayTarget(tok, {req["id"]: call, other["id"]: text}, curve=STEEP)
+    generate(after, other, "toolspec", max_new_tokens=64)
+    budget = after.budgets["toolspec"]
+    learned = budget.acceptance.as_dict()
+    second = generate(after, req, "toolspec", max_new_tokens=64)
+    assert second.token_ids == alone.token_ids
+    assert budget.rounds == len(second.stats.tree_sizes)  # counted from this request's start
+    assert learned != Acceptance().as_dict()  # the first request taught it something, and it was kept
+
+
+def _slow_wave(request, cancelled=None):
+    """30 s unless cancelled (checked every 10 ms, as the real wave checks between decode steps); `fast` answers."""
+    import time
+
+    t0 = time.perf_counter()
+    while not request.get("fast") and time.perf_counter() - t0 < 30:
+        if cancelled is not None and cancelled():
+            from pipeline.runtime.sidecar_client import WaveCancelled
+
+            raise WaveCancelled
+        time.sleep(0.01)
+    return gold_payload(request)
+
+
+def test_a_finished_request_cancels_its_wave_and_the_next_wave_starts_at_once(targets, requests):
+    import time
+
+    from pipeline.runtime import Sidecar
+
+    target, req = targets["qwen2"], requests[0]
+    fast = dict(req, fast=True)
+    with Sidecar(_slow_wave) as sidecar:
+        res = generate(target, req, "ooo", sidecar=sidecar, max_new_tokens=6)
+        assert res.stats.hint_ready_s is None  # the wave never answered: the request ended without it
+        t0 = time.perf_counter()
+        assert _wait_payload(sidecar.start(fast)) == gold_payload(req)
+        assert time.perf_counter() - t0 < 5    # the old wave was abandoned, not run for its 30 s
+        slow, after = sidecar.start(req), sidecar.start(fast)  # a running wave and one queued behind it
+        assert slow.running()
+        slow.cancel()
+        assert not slow.running() and slow.poll() is None and slow.error is None
+        t0 = time.perf_counter()
+        assert _wait_payload(after) == gold_payload(req) and time.perf_counter() - t0 < 5
+        gone = sidecar.start(req)
+        gone.cancel()                           # cancelled before the worker picked it up: dropped unstarted
+        assert _wait_payload(sidecar.start(fast)) == gold_payload(req)
+        sidecar._drain()
+        assert sidecar._results == {}           # nobody waits for cancelled results: none are kept
+
+
+def _wait_payload(pending, limit=20.0):
+    import time
+
+    end = time.perf_counter() + limit
+    while time.perf_counter() < end and pending.poll() is None and pending.error is None:
+        time.sleep(0.01)
+    return pending.poll()
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="the adaptive schedule needs 2 cores")
+def test_adaptive_schedule_gives_every_core_back_mid_prefill_and_sequential_waits(targets, requests):
+    """A wave that answers during a chunked prefill: the per-chunk thread counts go n-1 -> n within the prefill.
+    Under `sequential` the hint is ready before the prefill starts. Outputs stay ar's."""
+    import time
+
+    import torch
+
+    from pipeline.runtime.schedule import Schedule
+
+    target, req = targets["qwen2"], requests[0]
+    ar = generate(target, req, "ar", max_new_tokens=12)
+
+    class AnswersAfter:  # running for the first n questions (running or poll), then ready
+        error, cpu_s, ready_wall = None, None, None
+
+        def __init__(self, n):
+            self.n = n
+
+        def running(self):
+            self.n -= 1
+            return self.n >= 0
+
+        def poll(self):
+            self.n -= 1
+            if self.n < 0 and self.ready_wall is None:
+                self.ready_wall = time.time()
+            return gold_payload(req) if self.n < 0 else None
+
+        def cancel(self):
+            pass
+
+    try:
+        res = generate(target, req, "ooo", sidecar=AnswersAfter(3), schedule=Schedule("adaptive", [0, 1]),
+                       max_new_tokens=12, prefill_chunk=2)
+        assert res.token_ids == ar.token_ids
+        prefill_threads = res.stats.threads[:-(len(res.stats.tree_sizes) - 1) or None]
+        assert prefill_threads[:3] == [1, 1, 1] and 2 in prefill_threads  # n-1 while it computes, then n
+        seq = generate(target, req, "ooo", sidecar=AnswersAfter(3), schedule=Schedule("sequential", [0, 1]),
+                       max_new_tokens=12)
+        assert seq.token_ids == ar.token_ids and set(seq.stats.threads) == {2}
+        before_prefill = seq.stats.wall_s - seq.stats.decode_s - seq.stats.prefill_s
+        assert seq.stats.hint_ready_s is not None and seq.stats.hint_ready_s <= before_prefill + 0.005
+    finally:
+        torch.set_num_threads(1)

@@ -162,7 +162,7 @@ def _scripted_run(tok, answers_by_key, request):
     _, keys = wave_questions(request)
     end = tok.convert_tokens_to_ids("<|im_end|>")
 
-    def run(prefix, suffixes, complete=None):
+    def run(prefix, suffixes, complete=None, cancelled=None):
         assert len(suffixes) == len(keys)
         rows = [tok(answers_by_key.get(k, "null"), add_special_tokens=False)["input_ids"] + [end] for k in keys]
         return rows, {"prefill": 0.01, "decode": 0.02}
@@ -304,3 +304,20 @@ def test_vllm_engine_wave_with_lora(tmp_path):
     for request, pred in zip(REQUESTS, preds):
         assert pred.n_prompts == len(wave_questions(request)[1])
         assert all(len(vw.tokenizer(a["text"], add_special_tokens=False)["input_ids"]) <= CAP + 1 for a in pred.answers)
+
+
+def test_a_cancelled_wave_stops_before_its_next_forward(tiny_models):
+    from pipeline.sidecar.wave import Cancelled
+
+    model, tok = tiny_models["qwen2"]
+    wave = SlotWave(model, tokenizer=tok, max_value_tokens=8, early_stop=False)
+    prefix, suffixes, _ = wave_inputs(tok, REQUESTS[1])
+    asked = []
+
+    def cancelled():  # the request ends after the wave's second forward
+        asked.append(1)
+        return len(asked) > 2
+
+    with pytest.raises(Cancelled):
+        wave.run(prefix, suffixes, cancelled=cancelled)
+    assert len(asked) == 3
