@@ -50,6 +50,7 @@ class ServeConfig:
     schedule: str = "adaptive"           # adaptive / split / colocated / all-cores (pipeline/runtime/schedule.py)
     tree_budget: str = "auto"            # auto: tree size per round from the measured cost curve; fixed: 32 nodes
     prefix_cache: bool = True            # reuse the KV cache of a shared prompt prefix across requests
+    prefill_chunk: int | None = 128      # prefill in chunks: the adaptive schedule gives the core back mid-prefill
     warmup: bool = True                  # one short generation (and one wave) before the port opens
     log_level: str = "info"
 
@@ -118,7 +119,7 @@ def build_engine(cfg: ServeConfig) -> Engine:
     log.info("target %s loaded in %.1f s (%s, method %s)", cfg.target, time.perf_counter() - t0, target.dtype, method)
     engine = Engine(target, method, sidecar, model_name=cfg.model_name or Path(cfg.target).name,
                     queue_size=cfg.queue_size, max_tokens=cfg.max_tokens, max_context=cfg.max_context,
-                    call_format=cfg.call_format, schedule=schedule)
+                    call_format=cfg.call_format, schedule=schedule, prefill_chunk=cfg.prefill_chunk)
     if cfg.warmup:
         warm_up(engine)
     return engine

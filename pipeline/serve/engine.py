@@ -102,12 +102,13 @@ class Engine:
 
     def __init__(self, target, method: str = "ooo", sidecar=None, *, model_name: str | None = None,
                  queue_size: int = 8, max_tokens: int = 256, max_context: int | None = None,
-                 call_format: str = "auto", schedule=None):
+                 call_format: str = "auto", schedule=None, prefill_chunk: int | None = None):
         if call_format not in CALL_FORMATS:
             raise ValueError(f"call_format {call_format!r}; expected one of {CALL_FORMATS}")
         if queue_size < 1:
             raise ValueError(f"queue_size {queue_size}: expected at least 1")
         self.target, self.method, self.sidecar, self.schedule = target, method, sidecar, schedule
+        self.prefill_chunk = prefill_chunk
         self.model_name = model_name or target.name
         self.max_tokens, self.call_format = max_tokens, call_format
         config = getattr(getattr(target, "model", None), "config", None)
@@ -192,7 +193,7 @@ class Engine:
         sidecar = self.sidecar if self.method == "ooo" else None
         return generate(Prompted(self.target, job.prefix), job.chat.request, self.method, sidecar=sidecar,
                         max_new_tokens=job.max_new_tokens, on_commit=on_commit if job.chat.stream else None,
-                        schedule=self.schedule)
+                        schedule=self.schedule, prefill_chunk=self.prefill_chunk)
 
     def _work(self) -> None:
         while True:
