@@ -188,9 +188,11 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
                 m["hint_reasons"] = dict(reasons.most_common(5))
                 ready = [r["hint_ready_s"] for r in mrows.values() if r.get("hint_ready_s") is not None]
                 m["hint_ready_s_median"] = round(statistics.median(ready), 3) if ready else None
-                hint = sum(r.get("hint_tokens_accepted", 0) for r in mrows.values())
+                hint = sum(r.get("hint_tokens_accepted", 0) for r in mrows.values())  # only the hint had them
+                shared = sum(r.get("hint_shared_tokens", 0) for r in mrows.values())
                 drafted = sum(r.get("draft_tokens", 0) for r in mrows.values())
-                m["hint_share_of_draft"] = round(hint / drafted, 4) if drafted else None
+                m["hint_share_of_draft"] = round(hint / drafted, 4) if drafted else None  # exclusive hint tokens
+                m["hint_shared_share_of_draft"] = round(shared / drafted, 4) if drafted else None
                 m["hint_accepted_share"] = round(hint / new, 4) if new else None
                 other = sum(r.get("hint_other_tokens", 0) for r in mrows.values())
                 m["hint_other_tool_tokens"] = other
@@ -258,8 +260,8 @@ def to_markdown(summary: dict, title: str = "") -> str:
                          f"{fmt(m.get('identical_to_ar'), '{:.0%}')} |")
     lines += ["", "## ooo against toolspec and the hint", "",
               "| target | benchmark | variant | vs toolspec, end to end | vs toolspec, decode | vs hf-assisted, end "
-              "to end | vs hf-assisted, decode | hint share of accepted "
-              "draft tokens | other-tool hint tokens | hint outcomes | rejection reasons | hint ready (median s) "
+              "to end | vs hf-assisted, decode | hint-only share of accepted draft tokens (any hint) "
+              "| other-tool hint tokens | hint outcomes | rejection reasons | hint ready (median s) "
               "| first value (median s) | sidecar CPU s/request | payload bytes |", "|" + "---|" * 15]
     for cell in summary["cells"]:
         for v, m in cell["methods"].items():
@@ -269,7 +271,8 @@ def to_markdown(summary: dict, title: str = "") -> str:
             reasons = "; ".join(f"{k} ({c})" for k, c in m.get("hint_reasons", {}).items()) or "-"
             lines.append(f"| {cell['target']} | {cell['benchmark']} | {v} | {_r(m.get('vs_toolspec_e2e'))} | "
                          f"{_r(m.get('vs_toolspec_decode'))} | {_r(m.get('vs_hf_assisted_e2e'))} | "
-                         f"{_r(m.get('vs_hf_assisted_decode'))} | {fmt(m.get('hint_share_of_draft'), '{:.0%}')} | "
+                         f"{_r(m.get('vs_hf_assisted_decode'))} | {fmt(m.get('hint_share_of_draft'), '{:.0%}')} "
+                         f"({fmt(m.get('hint_shared_share_of_draft'), '{:.0%}')}) | "
                          f"{m.get('hint_other_tool_tokens', 0)} | {outcomes} | {reasons} | "
                          f"{fmt(m.get('hint_ready_s_median'))} | {fmt(m.get('first_value_s_median'))} | "
                          f"{fmt(m.get('sidecar_cpu_s_mean'))} | {fmt(m.get('payload_bytes_mean'), '{:.0f}')} |")

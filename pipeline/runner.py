@@ -277,6 +277,7 @@ class Runner:
                            tree_nodes=st.tree_nodes, stop=st.stop, prompt_tokens=st.prompt_tokens,
                            cached_tokens=st.cached_tokens, draft_tokens=st.draft_tokens,
                            hint_ready_s=st.hint_ready_s, hint_tokens_accepted=st.hint_tokens,
+                           hint_shared_tokens=st.hint_shared_tokens,
                            hint_other_tokens=st.hint_other_tokens, payload_bytes=st.payload_bytes,
                            hint_error=st.hint_error, sidecar_cpu_s=st.sidecar_cpu_s)
                 if method == "ar":

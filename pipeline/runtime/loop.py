@@ -71,7 +71,8 @@ class Stats:
     wall_s: float = 0.0               # request arrival -> last token
     stop: str = ""                    # "eos" or "length"
     hint_ready_s: float | None = None  # request arrival -> wave finished (None: not seen before the last round)
-    hint_tokens: int = 0              # accepted draft tokens that a hint candidate proposed
+    hint_tokens: int = 0              # accepted draft tokens that only a hint candidate proposed in their round
+    hint_shared_tokens: int = 0       # accepted draft tokens a hint candidate proposed, other drafters' too
     hint_other_tokens: int = 0        # ... of them drafted for a tool other than the payload's top tool
     draft_tokens: int = 0             # accepted draft tokens from any drafter (new tokens minus bonus tokens)
     sidecar_cpu_s: float | None = None  # CPU seconds the sidecar's wave used for this request
@@ -223,8 +224,9 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
         path, bonus = accept(tree, argmax)
         new, stopped = truncate_at_stop([tree.tokens[i] for i in path] + [bonus], target.stop_ids,
                                         max_new_tokens - len(output))
-        from_hint = sum(1 for i in path[:len(new)] if tree.sources[i] & HINT)
+        from_hint = sum(1 for i in path[:len(new)] if tree.sources[i] == HINT)  # no other drafter had it
         stats.hint_tokens += from_hint
+        stats.hint_shared_tokens += sum(1 for i in path[:len(new)] if tree.sources[i] & HINT)
         if hint is not None and hint.other_tool:
             stats.hint_other_tokens += from_hint
         stats.draft_tokens += min(len(path), len(new))
