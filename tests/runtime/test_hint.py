@@ -154,7 +154,7 @@ def test_partial_hint_without_a_required_slot_is_used_and_lossless(tok, requests
     replay = ReplayTarget(tok, {req["id"]: _fenced(req["gold"][0])})
     res = generate(replay, req, "ooo", sidecar=Ready(partial), max_new_tokens=200, history=History())
     assert res.token_ids == replay.outputs[req["id"]] and res.stats.hint_error is None
-    assert res.stats.hint_tokens > 0  # the partial draft is proposed and accepted
+    assert res.stats.hint_shared_tokens > 0  # the partial draft is proposed and accepted (the enum: schema too)
     for family, target in targets.items():  # float64 tiny targets: the output is ar's, token for token
         ar = generate(target, req, "ar", max_new_tokens=20)
         ooo = generate(target, req, "ooo", sidecar=Ready(partial), max_new_tokens=20)
