@@ -61,10 +61,17 @@ def resolve_dtype(dtype: str | None, device: str = "cpu") -> str:
     return dtype
 
 
-def torch_dtype(dtype: str | None, device: str = "cpu"):
+def torch_dtype(dtype, device: str = "cpu"):
+    """A torch dtype from a name ("auto" = bf16 where native, else float32) or a torch dtype (returned as is); None
+    stays None (from_pretrained then keeps the checkpoint's dtype). An unknown name is a ValueError."""
     import torch
 
-    return getattr(torch, resolve_dtype(dtype, device))
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = resolve_dtype(dtype, device)
+    if not isinstance(getattr(torch, str(name), None), torch.dtype):
+        raise ValueError(f"dtype {dtype!r}: expected auto or a torch dtype name (float32, bfloat16, float64)")
+    return getattr(torch, name)
 
 
 def available_cores() -> list[int]:

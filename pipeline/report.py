@@ -24,8 +24,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from .io import atomic_open, read_json, read_jsonl, write_json
-from .runner import PEERS, first_difference
-from .runtime.loop import METHOD_TABLE
+from .methods import METHOD_TABLE, PEERS, upper_bound
 
 METHOD_ORDER = list(METHOD_TABLE) + list(PEERS)
 BUSY_FOREIGN_CORES = 0.3  # other processes' CPU over a row, in cores: more means it shared the machine
@@ -55,9 +54,12 @@ def busy(row: dict) -> str | None:
     return None
 
 
-def upper_bound(variant: str) -> bool:
-    method = variant.split("@")[0]
-    return method in METHOD_TABLE and METHOD_TABLE[method].upper_bound
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two outputs differ (None when equal)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _sorted_methods(methods) -> list[str]:

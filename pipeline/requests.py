@@ -60,6 +60,23 @@ def load_requests(paths, limit: int | None = None, how: str = "even", seed: int 
     return out
 
 
+def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
+    """The ids generation stops at, for every model the project runs (target, wave, traces backends): the chat
+    template's turn end <|im_end|> where the tokenizer has it, the tokenizer's eos and the generation config's eos
+    ids; sorted."""
+    ids = set()
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    eos = getattr(generation_config, "eos_token_id", None)
+    ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    if not ids:
+        raise ValueError("the tokenizer has neither <|im_end|> nor an eos token: generation could never stop")
+    return sorted(ids)
+
+
 def render_prompt(tokenizer, request: dict, chat_template_kwargs: dict | None = None) -> str:
     """The model's own chat template over the request's messages, with its tools, ready for the assistant turn."""
     kwargs = {"add_generation_prompt": True, "tokenize": False, **(chat_template_kwargs or {})}

@@ -30,18 +30,9 @@ import time
 
 from .hardware import cpu_sample, cpu_usage
 from .runtime import Sidecar, generate
-from .runtime.loop import METHOD_TABLE
+from .methods import ALL_METHODS, METHOD_TABLE, PEERS, variant
 from .runtime.schedule import Schedule
 
-PEERS = {
-    "hf-pld": "transformers prompt-lookup decoding (prompt_lookup_num_tokens)",
-    "hf-assisted": "transformers assisted generation with a small draft model (universal path across tokenizers)",
-}
-ALL_METHODS = tuple(METHOD_TABLE) + tuple(PEERS)
-
-
-def variant(method: str, schedule: str) -> str:
-    return method if schedule == "all-cores" else f"{method}@{schedule}"
 
 
 def variants(methods: list[str], schedules: list[str]) -> list[tuple[str, str]]:
@@ -196,9 +187,7 @@ class Runner:
     def warmup(self, request: dict, max_new_tokens: int = 16) -> None:
         """Every variant once, untimed; then the run's histories, acceptance statistics and memo start empty."""
         for sc in self.sidecars.values():  # wait until each worker has loaded its model and answered one wave
-            pending, t0 = sc.start(request), time.perf_counter()
-            while pending.poll() is None and pending.error is None and time.perf_counter() - t0 < 600:
-                time.sleep(0.05)
+            sc.start(request).wait()
         ar = None
         for method, schedule in self.variants:  # ar first
             out = self._decode(request, method, schedule, ar, max_new_tokens)
@@ -294,13 +283,4 @@ class Runner:
         self.target.set_threads(len(Schedule.on("all-cores").cores))
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first token where two outputs differ (None when equal)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-__all__ = ["Runner", "HFPeers", "PEERS", "ALL_METHODS", "variants", "variant", "token_digest", "first_value_s",
-           "first_difference"]
+__all__ = ["Runner", "HFPeers", "PEERS", "ALL_METHODS", "variants", "variant", "token_digest", "first_value_s"]

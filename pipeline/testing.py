@@ -141,6 +141,25 @@ def make_tiny_model_dir(out: str | Path, family: str = "qwen2", seed: int = 0, *
     return out
 
 
+def tiny_target(family: str, tokenizer=None, scale: float = 0.3, seed: int = 1, tree: bool | None = None,
+                attn: str | None = None):
+    """A tiny float64 runtime `Target` whose greedy output depends on its context (weights ~ N(0, scale^2)): a
+    small-scale random model just repeats one token."""
+    import torch
+
+    from .runtime.target import Target
+
+    model, tok = make_tiny_model(family, tokenizer=tokenizer, dtype=torch.float64)
+    if attn:
+        model.config._attn_implementation = attn
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
+    return Target(model, tok, tree=tree, name=f"tiny-{family}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")

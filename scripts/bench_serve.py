@@ -86,7 +86,7 @@ def build_tiny(path: str) -> None:
     smoke test; default-initialised tiny models only repeat one token)."""
     import torch
 
-    from pipeline.runtime.smoke import tiny_target
+    from pipeline.testing import tiny_target
 
     target = tiny_target("qwen2")
     target.model.to(torch.float32).save_pretrained(path)

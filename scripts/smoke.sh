@@ -49,7 +49,7 @@ $PY -m pipeline.stages.sidecar_eval --recipe recipes/sidecar/tiny.yaml sidecar_e
   sidecar_eval.limit=2 sidecar_eval.out="$SMOKE/sidecar_eval" sidecar_eval.fresh=true
 
 step "runtime: tiny targets of three families, every method == ar"
-$PY -m pipeline.runtime.smoke --max-new-tokens 32
+$PY scripts/smoke_runtime.py --max-new-tokens 32
 
 step "eval: one request, every method and the transformers peers, report"
 rm -rf "$SMOKE/eval"

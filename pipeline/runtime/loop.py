@@ -22,32 +22,10 @@ from .budget import TreeBudget
 from .target import Target
 from .verify import accept, best_chain, build_tree, truncate_at_stop
 
-HINT, SCHEMA, HISTORY, LOOKUP, EXTRA = 1, 2, 4, 8, 16  # draft source bits (a tree node may carry several)
+from ..methods import EXTRA, HINT, HISTORY, LOOKUP, METHOD_TABLE, METHODS, SCHEMA, Method  # noqa: F401 (re-exported)
 
 
-@dataclass(frozen=True)
-class Method:
-    """A row of the method table: which drafters a method runs, and how a report must read its rows."""
 
-    name: str
-    drafters: tuple[str, ...]     # keys of DRAFTERS, best first
-    sidecar: bool = False         # takes a sidecar hint
-    upper_bound: bool = False     # not a real method: reported apart, kept out of means
-    description: str = ""
-
-
-# method -> drafters: eval, report, the server and the scripts read this one table
-METHOD_TABLE: dict[str, Method] = {m.name: m for m in (
-    Method("ar", (), description="autoregressive greedy decoding (the reference)"),
-    Method("pld", ("lookup1",), description="prompt lookup: n-gram match over prompt + output"),
-    Method("toolspec", ("schema", "history", "lookup"),
-           description="ToolSpec: schema state machine + history of earlier calls + lookup"),
-    Method("ooo", ("hint", "schema", "history", "lookup"), sidecar=True,
-           description="toolspec + the sidecar's hint, aligned structurally"),
-    Method("ooo-oracle", ("hint", "schema", "history", "lookup"), upper_bound=True,
-           description="ooo with the target's own ar call as an instantly ready hint: the ceiling of any sidecar"),
-)}
-METHODS = tuple(METHOD_TABLE)
 
 
 @dataclass

@@ -105,6 +105,14 @@ class Pending:
         self.sidecar._drain()
         return self.rid not in self.sidecar._results and self.sidecar.alive()
 
+    def wait(self, limit_s: float = 600.0):
+        """Block until the wave answers, fails or `limit_s` passes (warm-ups: a worker loading its model); returns
+        the payload or None."""
+        end = time.perf_counter() + limit_s
+        while self.poll() is None and self.error is None and time.perf_counter() < end:
+            time.sleep(0.02)
+        return self.payload
+
     def poll(self):
         """The payload if it has arrived, else None. Never blocks."""
         if self.payload is not None or self.error is not None or self.cancelled:

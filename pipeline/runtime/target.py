@@ -165,13 +165,9 @@ class Target:
         return self.curve
 
     def _stop_ids(self) -> set[int]:
-        ids: set[int] = set()
-        for src in (getattr(self.model.generation_config, "eos_token_id", None), self.tokenizer.eos_token_id):
-            if isinstance(src, int):
-                ids.add(src)
-            elif src:
-                ids.update(int(x) for x in src)
-        return ids
+        from pipeline.requests import stop_token_ids
+
+        return set(stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None)))
 
     # --- tokens ---------------------------------------------------------------------------------------------------
     def prompt_ids(self, request: dict) -> list[int]:

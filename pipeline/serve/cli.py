@@ -24,7 +24,7 @@ from pipeline.io import InputError, looks_like_hub_id
 from pipeline.runtime.schedule import SCHEDULES, Schedule
 from pipeline.sidecar.factory import SIDECAR_KEYS
 from pipeline.recipes import load_recipe, section
-from pipeline.runtime.loop import METHOD_TABLE
+from pipeline.methods import METHOD_TABLE
 
 from .engine import CALL_FORMATS, Engine
 
@@ -94,9 +94,7 @@ def warm_up(engine: Engine) -> None:
     generate(engine.target, request, "ar", max_new_tokens=4)
     engine.target.histories.clear()
     if engine.sidecar is not None:
-        pending = engine.sidecar.start(request)
-        while pending.poll() is None and pending.error is None and time.perf_counter() - t0 < 600:
-            time.sleep(0.05)
+        engine.sidecar.start(request).wait()
     log.info("warm-up done in %.1f s", time.perf_counter() - t0)
 
 

@@ -18,8 +18,8 @@ import json
 import time
 from pathlib import Path
 
-from .wave import (DEFAULT_MAX_VALUE_TOKENS, WavePrediction, answer_texts, finish_prediction, prompt_settings,
-                   stop_token_ids, wave_inputs)
+from ..requests import stop_token_ids
+from .wave import DEFAULT_MAX_VALUE_TOKENS, WavePrediction, answer_texts, finish_prediction, prompt_settings, wave_inputs
 
 LORA_NAME = "sidecar"
 

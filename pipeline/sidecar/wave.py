@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..io import looks_like_hub_id
 from .join import answer_json, join_answers, parse_answers
+from ..requests import stop_token_ids
 from .rows import answer_complete, render_prefix_and_suffixes, wave_questions
 
 class Cancelled(Exception):
@@ -59,21 +60,6 @@ def wave_inputs(tokenizer, request: dict, compact: bool = True, chat_template_kw
     questions, keys = wave_questions(request)
     prefix, suffixes = render_prefix_and_suffixes(tokenizer, request, questions, compact, chat_template_kwargs)
     return prefix, suffixes, keys
-
-
-def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
-    """<|im_end|>, the tokenizer's eos and the generation config's eos ids (a row stops at any of them)."""
-    ids = set()
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        ids.add(im_end)
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    eos = getattr(generation_config, "eos_token_id", None)
-    ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
-    if not ids:
-        raise ValueError("the tokenizer has neither <|im_end|> nor an eos token: a wave row could never stop")
-    return sorted(ids)
 
 
 def decode(tokenizer, ids: list[int]) -> str:
@@ -126,21 +112,6 @@ def prompt_settings(adapter: str | Path | None, compact: bool | None = None,
     return compact, dict(chat_template_kwargs)
 
 
-def resolve_dtype(dtype):
-    """A torch dtype from a name; "auto" = bf16 where native, else float32 (pipeline.hardware), None = checkpoint's."""
-    import torch
-
-    from ..hardware import torch_dtype
-
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch_dtype("auto")
-    if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
-        raise ValueError(f"dtype {dtype!r}: expected auto or a torch dtype name (float32, bfloat16, float64)")
-    return getattr(torch, dtype)
-
-
 def load_sidecar(model: str | Path, adapter: str | Path | None = None, dtype="float32", merge_adapter: bool = False):
     """(model, tokenizer): the base model, with the peft adapter on top when given; the adapter's tokenizer wins."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -154,7 +125,9 @@ def load_sidecar(model: str | Path, adapter: str | Path | None = None, dtype="fl
     if adapter is not None and (looks_like_hub_id(adapter) or (Path(adapter) / "tokenizer_config.json").is_file()):
         tok_dir = adapter
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-    lm = AutoModelForCausalLM.from_pretrained(model, dtype=resolve_dtype(dtype))
+    from ..hardware import torch_dtype
+
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype(dtype))
     if adapter is not None:
         from peft import PeftModel
 

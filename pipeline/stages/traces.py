@@ -34,7 +34,7 @@ from ..hardware import machine
 from ..artifacts import seal
 from ..io import InputError, ResumableJsonl, interrupt_on_sigterm, read_json, write_manifest
 from ..recipes import load_recipe, section
-from ..requests import load_requests, render_prompt, sample
+from ..requests import load_requests, render_prompt, sample, stop_token_ids
 
 BACKENDS = ("vllm", "transformers", "runtime", "gold")
 
@@ -209,10 +209,7 @@ class TransformersBackend(Backend):
         from ..hardware import torch_dtype
 
         self.model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch_dtype(cfg.dtype)).eval()
-        eos = self.model.generation_config.eos_token_id
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        eos += [i for i in (self.tokenizer.eos_token_id,) if i is not None and i not in eos]
-        self.eos = eos
+        self.eos = eos = stop_token_ids(self.tokenizer, self.model.generation_config)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
 
     def run(self, batch):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pipeline.io import read_jsonl
-from pipeline.runtime.smoke import tiny_target
+from pipeline.testing import tiny_target
 
 FIXTURES = "tests/fixtures/requests.jsonl"
 

@@ -14,7 +14,7 @@ from pipeline.runtime import METHODS, Ready, Sidecar, generate
 from pipeline.runtime.drafters import History
 from pipeline.runtime.parse import gold_payload
 from pipeline.runtime.replay import ReplayTarget
-from pipeline.runtime.smoke import tiny_target
+from pipeline.testing import tiny_target
 
 N = 20  # new tokens per request: enough for several rounds, small enough for a fast suite
 

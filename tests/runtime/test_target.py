@@ -5,7 +5,7 @@ Eager attention computes its softmax in float32 even for float64 models, so it i
 import pytest
 import torch
 
-from pipeline.runtime.smoke import tiny_target
+from pipeline.testing import tiny_target
 from pipeline.runtime.verify import build_tree
 
 CANDS = [([5, 6, 7, 8], 1), ([5, 6, 9], 2), ([10, 11, 12], 4)]

@@ -14,7 +14,7 @@ import torch
 
 from pipeline.io import read_jsonl
 from pipeline.runtime.replay import ReplayTarget
-from pipeline.runtime.smoke import tiny_target
+from pipeline.testing import tiny_target
 from pipeline.runtime.target import encode
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests.jsonl"

@@ -1,11 +1,12 @@
 """Smoke check of the runtime: tiny targets of every family, every method, outputs identical to `ar`.
 
-Run as: python -m pipeline.runtime.smoke [--requests tests/fixtures/requests.jsonl] [--max-new-tokens 32]
+Run as: .venv/bin/python scripts/smoke_runtime.py [--requests tests/fixtures/requests.jsonl] [--max-new-tokens 32]
 
 Each tiny target is a random 2-layer model in float64 whose weights are drawn with a large scale, so that its
-greedy text varies with the context (a small-scale random model just repeats one token); `ooo` gets the
-request's gold call from a sidecar process. A replay target (the gold call written as a fenced JSON block) then
-shows the drafters' acceptance on a realistic output. Exits 1 when any output differs from `ar`.
+greedy text varies with the context (`pipeline.testing.tiny_target`); `ooo` gets the request's gold call from a
+sidecar process. Every method runs through the eval's runner (pipeline/runner.py). A replay target (the gold call
+written as a fenced JSON block) then shows the drafters' acceptance on a realistic output. Exits 1 when any output
+differs from `ar`.
 """
 
 from __future__ import annotations
@@ -13,42 +14,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from pipeline.io import read_jsonl
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from .loop import METHODS, generate
-from .parse import gold_payload
-from .replay import ReplayTarget
-from .sidecar_client import Ready
-from .target import Target
-
-FAMILIES = ("llama", "qwen2", "qwen3")
-
-
-def tiny_target(family: str, tokenizer=None, scale: float = 0.3, seed: int = 1, tree: bool | None = None,
-                attn: str | None = None) -> Target:
-    """A tiny float64 target whose greedy output depends on its context (weights ~ N(0, scale^2))."""
-    import torch
-
-    from pipeline.testing import make_tiny_model
-
-    model, tok = make_tiny_model(family, tokenizer=tokenizer, dtype=torch.float64)
-    if attn:
-        model.config._attn_implementation = attn
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
-    return Target(model, tok, tree=tree, name=f"tiny-{family}")
+from pipeline.io import read_jsonl  # noqa: E402
+from pipeline.runner import Runner  # noqa: E402
+from pipeline.runtime import Ready, generate  # noqa: E402
+from pipeline.runtime.loop import METHODS  # noqa: E402
+from pipeline.runtime.parse import gold_payload  # noqa: E402
+from pipeline.runtime.replay import ReplayTarget  # noqa: E402
+from pipeline.testing import FAMILIES, make_tokenizer, tiny_target  # noqa: E402
 
 
 def run(requests: list[dict], max_new_tokens: int) -> int:
     """Every method through the runner (the same one `make eval` uses) on tiny targets; then the replay target."""
     import torch
-
-    from pipeline.runner import Runner
-    from pipeline.testing import make_tokenizer
 
     torch.set_num_threads(1)
     tok = make_tokenizer()

@@ -1,0 +1,57 @@
+"""The method table: every method a runtime, eval, report, server or script can name, in one place (no torch).
+
+A method is a row naming its drafters (`pipeline/runtime/loop.py` maps drafter keys to drafters); the transformers
+peers (`PEERS`) run in the eval beside them; `variant()` names a method under a schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HINT, SCHEMA, HISTORY, LOOKUP, EXTRA = 1, 2, 4, 8, 16  # draft source bits (a tree node may carry several)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A row of the method table: which drafters a method runs, and how a report must read its rows."""
+
+    name: str
+    drafters: tuple[str, ...]     # keys of DRAFTERS, best first
+    sidecar: bool = False         # takes a sidecar hint
+    upper_bound: bool = False     # not a real method: reported apart, kept out of means
+    description: str = ""
+
+
+# method -> drafters: eval, report, the server and the scripts read this one table
+METHOD_TABLE: dict[str, Method] = {m.name: m for m in (
+    Method("ar", (), description="autoregressive greedy decoding (the reference)"),
+    Method("pld", ("lookup1",), description="prompt lookup: n-gram match over prompt + output"),
+    Method("toolspec", ("schema", "history", "lookup"),
+           description="ToolSpec: schema state machine + history of earlier calls + lookup"),
+    Method("ooo", ("hint", "schema", "history", "lookup"), sidecar=True,
+           description="toolspec + the sidecar's hint, aligned structurally"),
+    Method("ooo-oracle", ("hint", "schema", "history", "lookup"), upper_bound=True,
+           description="ooo with the target's own ar call as an instantly ready hint: the ceiling of any sidecar"),
+)}
+METHODS = tuple(METHOD_TABLE)
+
+PEERS = {
+    "hf-pld": "transformers prompt-lookup decoding (prompt_lookup_num_tokens)",
+    "hf-assisted": "transformers assisted generation with a small draft model (universal path across tokenizers)",
+}
+ALL_METHODS = tuple(METHOD_TABLE) + tuple(PEERS)
+
+
+def variant(method: str, schedule: str) -> str:
+    """A method under a schedule: `ooo@adaptive`; baselines (every core) keep the method's name."""
+    return method if schedule == "all-cores" else f"{method}@{schedule}"
+
+
+def upper_bound(name: str) -> bool:
+    """Whether a method or variant is an upper bound (reported apart, never averaged in)."""
+    method = name.split("@")[0]
+    return method in METHOD_TABLE and METHOD_TABLE[method].upper_bound
+
+
+__all__ = ["Method", "METHOD_TABLE", "METHODS", "PEERS", "ALL_METHODS", "variant", "upper_bound",
+           "HINT", "SCHEMA", "HISTORY", "LOOKUP", "EXTRA"]
