@@ -11,7 +11,7 @@ TORCH_CPU ?= torch==2.13.0
 ARGS ?=
 
 .PHONY: setup test lint smoke data traces labels vllm-traces train train-deepspeed-check sidecar-eval bench-wave \
-	bench-runtime profile-train eval report upload models vllm-setup serve bench-serve
+	bench-runtime bench-prefill profile-train eval report upload models vllm-setup serve bench-serve
 
 setup: $(VENV)/.setup-done
 
@@ -78,6 +78,10 @@ bench-wave: setup
 
 bench-runtime: setup
 	$(PY) scripts/bench_runtime.py $(ARGS)
+
+# Chunked vs whole prefill on the 1.5B target (what the adaptive schedule's mid-prefill thread switch costs)
+bench-prefill: setup
+	$(PY) scripts/bench_prefill.py $(ARGS)
 
 profile-train: setup
 	$(PY) scripts/profile_train.py $(ARGS)

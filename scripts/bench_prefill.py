@@ -1,0 +1,83 @@
+"""Chunked vs whole prefill on a real target: what asking the schedule between chunks costs.
+
+Run as: .venv/bin/python scripts/bench_prefill.py [--model checkpoints/base/qwen2.5-coder-1.5b-instruct]
+            [--requests data/requests/*/test.jsonl] [--per-file 2] [--chunks 64 128 256] [--reps 2] [--threads 2]
+
+The adaptive schedule can give the target every core back mid-prefill only if the prompt goes through the target in
+chunks (`Target.prefill(chunk=...)`); each chunk re-reads the cache written so far, so chunks are not free. For every
+request the prompt (minus its last token, as the runtime prefills it) is prefilled whole and in each chunk size, in
+an order rotated per request and repetition, with the prefix cache off (every variant computes every token); the
+table gives the mean seconds and the ratio to the whole prefill, per chunk size. Not a test: it measures (on a quiet
+machine: the figures carry the CPU model and the load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.hardware import cpu_sample, cpu_usage, machine  # noqa: E402
+from pipeline.io import write_json  # noqa: E402
+from pipeline.requests import load_requests  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import torch
+
+    from pipeline.runtime import Target
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="checkpoints/base/qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--requests", nargs="+", default=sorted(glob.glob("data/requests/*/test.jsonl")))
+    ap.add_argument("--per-file", type=int, default=2)
+    ap.add_argument("--chunks", type=int, nargs="+", default=[64, 128, 256])
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--out", help="JSON with every timing")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = Target.load(args.model, dtype=args.dtype, prefix_cache=False)
+    requests = [r for path in args.requests for r in load_requests(path, args.per_file, how="even")]
+    variants = [None] + list(args.chunks)
+    target.prefill(target.prompt_ids(requests[0])[:-1][:64])  # first-call set-up belongs to no variant
+    times: dict = {v: [] for v in variants}
+    rows, before = [], cpu_sample()
+    for i, req in enumerate(requests):
+        ids = target.prompt_ids(req)[:-1]
+        for rep in range(args.reps):
+            k = (i + rep) % len(variants)
+            for v in variants[k:] + variants[:k]:  # rotated: no variant always runs first
+                t0 = time.perf_counter()
+                target.prefill(ids, chunk=v)
+                times[v].append(time.perf_counter() - t0)
+                rows.append({"id": req["id"], "tokens": len(ids), "chunk": v, "s": times[v][-1]})
+        print(f"[{i + 1}/{len(requests)}] {req['id']}: {len(ids)} tokens, whole "
+              f"{statistics.fmean(times[None][-args.reps:]):.2f}s, "
+              + ", ".join(f"{c}: {statistics.fmean(times[c][-args.reps:]):.2f}s" for c in args.chunks), flush=True)
+    usage = cpu_usage(before, cpu_sample())
+    whole = statistics.fmean(times[None])
+    lines = ["| prefill | mean s | / whole |", "|---|---|---|"]
+    for v in variants:
+        mean = statistics.fmean(times[v])
+        lines.append(f"| {'whole' if v is None else f'chunks of {v}'} | {mean:.3f} | {mean / whole:.3f} |")
+    mach = machine(args.dtype, torch.get_num_threads())
+    tokens = statistics.fmean(len(target.prompt_ids(r)) for r in requests)
+    print(f"\n{args.model}, {len(requests)} requests (mean {tokens:.0f} prompt tokens), {args.reps} reps each\n")
+    print("\n".join(lines))
+    print(f"\nmachine: {mach}\nwhile it ran: {usage}")
+    report = {"config": vars(args), "machine": mach, "usage": usage, "rows": rows, "table": "\n".join(lines)}
+    if args.out:
+        write_json(Path(args.out), report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
