@@ -178,55 +178,59 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     t_decode, c_decode = time.perf_counter(), time.process_time()
     output: list[int] = []
     root = prompt[-1]
-    while True:
-        # propose: every drafter's candidates, best first, merged into one tree
-        t0 = time.perf_counter()
-        cands: list[tuple[list[int], int]] = []
-        draft = bool(drafters) and (budget is None or budget.should_draft())
-        if drafters and not draft and hint is not None and not hint.calls and hint.error is None:
-            hint.poll()  # a hint that just arrived is worth drafting for at once
-            if hint.calls:
-                draft, budget.skip = True, False
-        if draft:
-            ctx = Context(target.tokenizer, prompt, output, eos, max_depth, target.decode(output))
-            for drafter, bit in drafters:
-                cands += [(c, bit) for c in drafter.propose(ctx) if c]
-        tree = make_tree(root, cands, max_nodes, max_depth)
-        if budget is not None:  # hardware-aware: the most expected tokens per second on this machine
-            tree, _ = budget.choose(tree)
-        t1 = time.perf_counter()
-        # verify: one forward; argmax[i] = the target's next token after node i
-        argmax = target.verify(tree)
-        t2 = time.perf_counter()
-        # accept: the longest path the target agrees with + its own next token; stop at EOS / max_new_tokens
-        path, bonus = accept(tree, argmax)
-        new, stopped = truncate_at_stop([tree.tokens[i] for i in path] + [bonus], target.stop_ids,
-                                        max_new_tokens - len(output))
-        from_hint = sum(1 for i in path[:len(new)] if tree.sources[i] == HINT)  # no other drafter had it
-        stats.hint_tokens += from_hint
-        stats.hint_shared_tokens += sum(1 for i in path[:len(new)] if tree.sources[i] & HINT)
-        if hint is not None and hint.other_tool:
-            stats.hint_other_tokens += from_hint
-        stats.draft_tokens += min(len(path), len(new))
-        stats.draft_s += t1 - t0
-        stats.verify_s += t2 - t1
-        stats.forwards += 1
-        stats.tree_nodes += len(tree)
-        stats.tree_sizes.append(len(tree))
-        if budget is not None:
-            budget.update(tree, path, t1 - t0)
-        stats.accepted.append(len(new))
-        output += new
-        if on_commit is not None and new:
-            on_commit(new)
-        if stopped:
-            stats.stop = "eos" if new and new[-1] in target.stop_ids else "length"
-            break
-        target.keep(len(tree), path)  # drop the rejected branches from the cache
-        root = new[-1]
-        if wave_running() and scan(target.decode(output)).state == "done":
-            cancel_wave()  # the call is written: the wave can no longer help, its core goes back to the target
-        set_threads()
+    try:
+        while True:
+            # propose: every drafter's candidates, best first, merged into one tree
+            t0 = time.perf_counter()
+            cands: list[tuple[list[int], int]] = []
+            draft = bool(drafters) and (budget is None or budget.should_draft())
+            if drafters and not draft and hint is not None and not hint.calls and hint.error is None:
+                hint.poll()  # a hint that just arrived is worth drafting for at once
+                if hint.calls:
+                    draft, budget.skip = True, False
+            if draft:
+                ctx = Context(target.tokenizer, prompt, output, eos, max_depth, target.decode(output))
+                for drafter, bit in drafters:
+                    cands += [(c, bit) for c in drafter.propose(ctx) if c]
+            tree = make_tree(root, cands, max_nodes, max_depth)
+            if budget is not None:  # hardware-aware: the most expected tokens per second on this machine
+                tree, _ = budget.choose(tree)
+            t1 = time.perf_counter()
+            # verify: one forward; argmax[i] = the target's next token after node i
+            argmax = target.verify(tree)
+            t2 = time.perf_counter()
+            # accept: the longest path the target agrees with + its own next token; stop at EOS / max_new_tokens
+            path, bonus = accept(tree, argmax)
+            new, stopped = truncate_at_stop([tree.tokens[i] for i in path] + [bonus], target.stop_ids,
+                                            max_new_tokens - len(output))
+            from_hint = sum(1 for i in path[:len(new)] if tree.sources[i] == HINT)  # no other drafter had it
+            stats.hint_tokens += from_hint
+            stats.hint_shared_tokens += sum(1 for i in path[:len(new)] if tree.sources[i] & HINT)
+            if hint is not None and hint.other_tool:
+                stats.hint_other_tokens += from_hint
+            stats.draft_tokens += min(len(path), len(new))
+            stats.draft_s += t1 - t0
+            stats.verify_s += t2 - t1
+            stats.forwards += 1
+            stats.tree_nodes += len(tree)
+            stats.tree_sizes.append(len(tree))
+            if budget is not None:
+                budget.update(tree, path, t1 - t0)
+            stats.accepted.append(len(new))
+            output += new
+            if on_commit is not None and new:
+                on_commit(new)
+            if stopped:
+                stats.stop = "eos" if new and new[-1] in target.stop_ids else "length"
+                break
+            target.keep(len(tree), path)  # drop the rejected branches from the cache
+            root = new[-1]
+            if wave_running() and scan(target.decode(output)).state == "done":
+                cancel_wave()  # the call is written: the wave can no longer help, its core goes back to the target
+            set_threads()
+    finally:
+        if stats.stop == "":  # left by an exception (a client that went away): its wave is not needed
+            cancel_wave()
     end = time.perf_counter()
     stats.decode_s, stats.wall_s = end - t_decode, end - started + shift
     stats.decode_cpu_s = time.process_time() - c_decode

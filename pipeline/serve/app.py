@@ -23,7 +23,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .calls import CallStream, view
@@ -110,8 +110,14 @@ def create_app(engine: Engine) -> Starlette:
         if chat.stream:
             return StreamingResponse(_stream(engine, job, events), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        while True:
-            kind, value = await events.get()
+        while True:  # a non-streaming client that goes away cancels its job too (checked twice a second)
+            try:
+                kind, value = await asyncio.wait_for(events.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancelled = True
+                    return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
+                continue
             if kind == "error":
                 return error_response(value)
             if kind == "done":

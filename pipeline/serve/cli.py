@@ -51,6 +51,7 @@ class ServeConfig:
     tree_budget: str = "auto"            # auto: tree size per round from the measured cost curve; fixed: 32 nodes
     prefix_cache: bool = True            # reuse the KV cache of a shared prompt prefix across requests
     prefill_chunk: int | None = 128      # prefill in chunks: the adaptive schedule gives the core back mid-prefill
+    request_timeout_s: float | None = 600.0  # a request still unanswered this long after its arrival ends with 504
     warmup: bool = True                  # one short generation (and one wave) before the port opens
     log_level: str = "info"
 
@@ -117,7 +118,8 @@ def build_engine(cfg: ServeConfig) -> Engine:
     log.info("target %s loaded in %.1f s (%s, method %s)", cfg.target, time.perf_counter() - t0, target.dtype, method)
     engine = Engine(target, method, sidecar, model_name=cfg.model_name or Path(cfg.target).name,
                     queue_size=cfg.queue_size, max_tokens=cfg.max_tokens, max_context=cfg.max_context,
-                    call_format=cfg.call_format, schedule=schedule, prefill_chunk=cfg.prefill_chunk)
+                    call_format=cfg.call_format, schedule=schedule, prefill_chunk=cfg.prefill_chunk,
+                    request_timeout_s=cfg.request_timeout_s)
     if cfg.warmup:
         warm_up(engine)
     return engine

@@ -3,8 +3,9 @@
 The runtime is batch 1 (one KV cache per `Target`), so a single worker thread runs `generate` for one request at a
 time and the rest wait in a `queue.Queue(maxsize=queue_size)`; a request that finds the queue full is refused with
 503 and a `Retry-After` estimated from the mean service time. Events (tokens committed in a round, the result, an
-error) go back to the request's asyncio loop with `call_soon_threadsafe`. A streaming client that disconnects
-cancels its job: `on_commit` raises and the worker moves on.
+error) go back to the request's asyncio loop with `call_soon_threadsafe`. A client that disconnects (streaming or
+not) cancels its job, and a job past `request_timeout_s` (counted from its arrival in the queue) ends with 504:
+`on_commit` runs every round and raises, the worker moves on, and the job's sidecar wave is cancelled with it.
 
 `tool_choice` "required" and a named function are lossless *forced prefixes*: the opening of a call in the
 target's own call format (`call_format`: the chat template's, or fenced / indented / compact JSON, see
@@ -39,6 +40,10 @@ CALL_FORMATS = ("auto", "template", "fenced", "indented", "compact")
 
 class Cancelled(Exception):
     """The client went away; the job stops at the next commit."""
+
+
+class DeadlineExceeded(Exception):
+    """The job passed `request_timeout_s` (from its arrival in the queue); it stops at the next commit."""
 
 
 def forced_prefix(tokenizer, chat: Chat, call_format: str = "auto") -> str:
@@ -84,6 +89,7 @@ class Job:
     loop: object = None             # the asyncio loop of the HTTP request; None: events are only kept
     events: object = None           # asyncio.Queue of ("tokens", ids) / ("done", Result) / ("error", exc)
     cancelled: bool = False
+    deadline: float | None = None   # time.perf_counter() past which the job ends with 504
     result: object = None
     waited_s: float = 0.0
     enqueued: float = field(default_factory=time.perf_counter)
@@ -102,13 +108,15 @@ class Engine:
 
     def __init__(self, target, method: str = "ooo", sidecar=None, *, model_name: str | None = None,
                  queue_size: int = 8, max_tokens: int = 256, max_context: int | None = None,
-                 call_format: str = "auto", schedule=None, prefill_chunk: int | None = None):
+                 call_format: str = "auto", schedule=None, prefill_chunk: int | None = None,
+                 request_timeout_s: float | None = None):
         if call_format not in CALL_FORMATS:
             raise ValueError(f"call_format {call_format!r}; expected one of {CALL_FORMATS}")
         if queue_size < 1:
             raise ValueError(f"queue_size {queue_size}: expected at least 1")
         self.target, self.method, self.sidecar, self.schedule = target, method, sidecar, schedule
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk, self.request_timeout_s = prefill_chunk, request_timeout_s
+        self.outcomes = {"answered": 0, "failed": 0, "cancelled": 0, "timed_out": 0}
         self.model_name = model_name or target.name
         self.max_tokens, self.call_format = max_tokens, call_format
         config = getattr(getattr(target, "model", None), "config", None)
@@ -144,7 +152,7 @@ class Engine:
     def health(self) -> dict:
         return {"status": "ok", "model": self.model_name, "method": self.method, "max_context": self.max_context,
                 "queue": {"waiting": self.queue.qsize(), "size": self.queue.maxsize,
-                          "running": self.running is not None}, "served": self.served}
+                          "running": self.running is not None}, "served": self.served, "outcomes": dict(self.outcomes)}
 
     # --- requests -----------------------------------------------------------------------------------------------
     def prepare(self, chat: Chat) -> Job:
@@ -174,6 +182,8 @@ class Engine:
         """Queue `job` (events go to `events` on `loop`); ApiError 503 with Retry-After when the queue is full."""
         job.loop, job.events = loop, events
         job.enqueued = time.perf_counter()
+        if self.request_timeout_s:
+            job.deadline = job.enqueued + float(self.request_timeout_s)
         try:
             self.queue.put_nowait(job)
         except queue.Full:
@@ -185,14 +195,17 @@ class Engine:
 
     def execute(self, job: Job):
         """Run one job now, in this thread (the worker's body; benchmarks call it directly)."""
-        def on_commit(ids: list[int]) -> None:
+        def on_commit(ids: list[int]) -> None:  # every round, streaming or not: a job that is no longer wanted stops
             if job.cancelled:
                 raise Cancelled(job.chat.id)
-            job.emit("tokens", ids)
+            if job.deadline is not None and time.perf_counter() > job.deadline:
+                raise DeadlineExceeded(job.chat.id)
+            if job.chat.stream:
+                job.emit("tokens", ids)
 
         sidecar = self.sidecar if self.method == "ooo" else None
         return generate(Prompted(self.target, job.prefix), job.chat.request, self.method, sidecar=sidecar,
-                        max_new_tokens=job.max_new_tokens, on_commit=on_commit if job.chat.stream else None,
+                        max_new_tokens=job.max_new_tokens, on_commit=on_commit,
                         schedule=self.schedule, prefill_chunk=self.prefill_chunk)
 
     def _work(self) -> None:
@@ -200,24 +213,35 @@ class Engine:
             job = self.queue.get()
             if job is None:
                 return
-            if job.cancelled:
+            if job.cancelled:  # its client went away while it waited
+                self.outcomes["cancelled"] += 1
                 continue
             job.waited_s = time.perf_counter() - job.enqueued
             self.running = job
-            t0, event = time.perf_counter(), None
+            t0, event, outcome = time.perf_counter(), None, "answered"
             try:
+                if job.deadline is not None and t0 > job.deadline:
+                    raise DeadlineExceeded(job.chat.id)
                 job.result = self.execute(job)
                 event = ("done", job.result)
             except Cancelled:
                 log.info("%s: client disconnected, stopped", job.chat.id)
+                outcome = "cancelled"
+            except DeadlineExceeded:
+                log.warning("%s: past request_timeout_s (%s s), stopped", job.chat.id, self.request_timeout_s)
+                event, outcome = ("error", ApiError(504, f"the request took longer than request_timeout_s = "
+                                                         f"{self.request_timeout_s} s (queue wait included)",
+                                                    code="timeout", kind="server_error")), "timed_out"
             except Exception as e:  # noqa: BLE001 - one failed request must not stop the server
                 log.exception("%s: generation failed", job.chat.id)
-                event = ("error", ApiError(500, f"generation failed: {e!r}", kind="server_error"))
+                event, outcome = ("error", ApiError(500, f"generation failed: {e!r}", kind="server_error")), "failed"
             self.running = None
-            self.served += 1
-            self.service_s += time.perf_counter() - t0
+            self.outcomes[outcome] += 1
+            if outcome == "answered":  # the Retry-After estimate is the mean time of a whole answer
+                self.served += 1
+                self.service_s += time.perf_counter() - t0
             if event is not None:
                 job.emit(*event)
 
 
-__all__ = ["Engine", "Job", "Prompted", "forced_prefix", "prompt_ids", "CALL_FORMATS", "Cancelled"]
+__all__ = ["Engine", "Job", "Prompted", "forced_prefix", "prompt_ids", "CALL_FORMATS", "Cancelled", "DeadlineExceeded"]

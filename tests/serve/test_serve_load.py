@@ -84,3 +84,38 @@ def test_client_disconnect_cancels_the_job(tiny, serve, api, caplog):
         assert "client disconnected" in caplog.text, "the worker ran the abandoned request to the end"
         again = client.chat.completions.create(**ask)
         assert again.choices[0].message.tool_calls[1].function.name == "calculate"
+
+
+def test_a_non_streaming_client_that_leaves_cancels_its_job_and_a_slow_job_times_out(tiny, serve, api):
+    """The next request starts within a round or so of a plain (non-streaming) client going away; a job past
+    request_timeout_s ends with 504; /health counts each outcome."""
+    import time
+
+    target = tiny.scripted()
+    verify = target.verify
+    target.verify = lambda tree: (time.sleep(0.05), verify(tree))[1]  # ~50 ms per round, one token per round (ar)
+    ask = {"model": "scripted", "messages": [{"role": "user", "content": "both please"}],
+           "tools": tiny.requests[0]["tools"]}
+    engine = Engine(target, "ar", model_name="scripted", max_context=4096)
+    with serve(engine) as url:
+        base = url.rsplit("/v1", 1)[0]
+        t0 = time.perf_counter()
+        api(url).chat.completions.create(**ask)
+        full_s = time.perf_counter() - t0
+        assert full_s > 1.0
+        with httpx.Client(timeout=0.4) as http:  # gives up long before the answer
+            try:
+                http.post(f"{url}/chat/completions", json=ask)
+            except httpx.TimeoutException:
+                pass
+        deadline = time.perf_counter() + full_s
+        while engine.outcomes["cancelled"] == 0 and time.perf_counter() < deadline:
+            time.sleep(0.02)
+        assert engine.outcomes["cancelled"] == 1, "the worker ran the abandoned request to the end"
+        engine.request_timeout_s = 0.5
+        with __import__("pytest").raises(openai.APIStatusError) as err:
+            api(url).chat.completions.create(**ask)
+        assert err.value.status_code == 504 and "request_timeout_s" in str(err.value)
+        health = httpx.get(f"{base}/health").json()
+        assert health["outcomes"] == {"answered": 1, "failed": 0, "cancelled": 1, "timed_out": 1}
+        assert health["served"] == 1
