@@ -102,16 +102,29 @@ class PromptLookup:
 
 class History:
     """Earlier committed outputs of a run: one n-gram index over them (each led by the end of its prompt), and
-    the call formats the target was seen to write (its opening, closing and JSON style), most frequent first."""
+    the call formats the target was seen to write (its opening, closing and JSON style), most frequent first.
+
+    Bounded: it keeps the last `max_outputs` outputs; past that the oldest half is dropped and the index rebuilt (a
+    server's history must not grow for ever: ~5 index entries per output token)."""
 
     LEAD = 3
 
-    def __init__(self):
+    def __init__(self, max_outputs: int = 512):
+        self.max_outputs = max_outputs
         self.index = NgramIndex(n_max=6, n_min=2)
         self.seen: Counter = Counter()
+        self.kept: list[list[int]] = []
 
     def add(self, prompt: list[int], output: list[int], text: str | None = None) -> None:
-        self.index.extend(prompt[-self.LEAD:] + output + [-1])  # -1 keeps matches inside one output
+        seq = prompt[-self.LEAD:] + output + [-1]  # -1 keeps matches inside one output
+        self.kept.append(seq)
+        if len(self.kept) > self.max_outputs:
+            self.kept = self.kept[len(self.kept) - self.max_outputs // 2:]
+            self.index = NgramIndex(n_max=6, n_min=2)
+            for old in self.kept:
+                self.index.extend(old)
+        else:
+            self.index.extend(seq)
         pos = scan(text) if text is not None else None
         if pos is not None and pos.calls and pos.style.indent is not None:
             self.seen[CallFormat("observed", pos.prefix, pos.suffix, pos.style.variants()[0])] += 1

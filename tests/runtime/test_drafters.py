@@ -92,3 +92,14 @@ def test_schema_array_of_enums_is_drafted_without_endless_expansion(tok):
     target = ReplayTarget(tok, {"arr": text})
     res = generate(target, req, "toolspec", max_new_tokens=200)
     assert target.decode(res.token_ids[:-1]) == text and res.stats.forwards < res.stats.new_tokens
+
+
+def test_history_is_bounded_and_keeps_the_newest_outputs():
+    from pipeline.runtime.drafters import History
+
+    h = History(max_outputs=4)
+    for i in range(10):
+        h.add([1, 2, 3], [100 + i, 200 + i, 300 + i, 400 + i])
+    assert len(h.kept) <= 4
+    assert h.index.lookup([109, 209], 2, 1) == [[309, 409]]   # the newest output is drafted
+    assert h.index.lookup([100, 200], 2, 1) == []             # the oldest was dropped with its index entries
