@@ -101,7 +101,9 @@ def create_app(engine: Engine) -> Starlette:
 
     async def chat_completions(request: Request):
         try:
-            chat = parse_chat(load_body(await request.body()), engine.model_name)
+            auth = request.headers.get("authorization", "")
+            key = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+            chat = parse_chat(load_body(await request.body()), engine.model_name, api_key=key)
             job = await run_in_threadpool(engine.prepare, chat)
             events: asyncio.Queue = asyncio.Queue()
             engine.submit(job, asyncio.get_running_loop(), events)

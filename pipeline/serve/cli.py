@@ -52,6 +52,9 @@ class ServeConfig:
     prefix_cache: bool = True            # reuse the KV cache of a shared prompt prefix across requests
     prefill_chunk: int | None = 128      # prefill in chunks: the adaptive schedule gives the core back mid-prefill
     request_timeout_s: float | None = 600.0  # a request still unanswered this long after its arrival ends with 504
+    shared_history: bool = False         # true: every tenant's calls draft for every other (a timing side channel)
+    history_tenants: int = 64            # tenants whose history is kept (LRU); a tenant = API key, else `user`
+    history_outputs: int = 256           # outputs kept per tenant history
     warmup: bool = True                  # one short generation (and one wave) before the port opens
     log_level: str = "info"
 
@@ -119,7 +122,8 @@ def build_engine(cfg: ServeConfig) -> Engine:
     engine = Engine(target, method, sidecar, model_name=cfg.model_name or Path(cfg.target).name,
                     queue_size=cfg.queue_size, max_tokens=cfg.max_tokens, max_context=cfg.max_context,
                     call_format=cfg.call_format, schedule=schedule, prefill_chunk=cfg.prefill_chunk,
-                    request_timeout_s=cfg.request_timeout_s)
+                    request_timeout_s=cfg.request_timeout_s, shared_history=cfg.shared_history,
+                    history_tenants=cfg.history_tenants, history_outputs=cfg.history_outputs)
     if cfg.warmup:
         warm_up(engine)
     return engine

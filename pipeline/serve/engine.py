@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 import math
 import queue
 import threading
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 from pipeline.requests import render_prompt
 from pipeline.runtime import generate
+from pipeline.runtime.drafters import History
 from pipeline.runtime.hint import PROBE_NAME, call_formats, render
 from pipeline.runtime.target import encode
 
@@ -109,7 +111,8 @@ class Engine:
     def __init__(self, target, method: str = "ooo", sidecar=None, *, model_name: str | None = None,
                  queue_size: int = 8, max_tokens: int = 256, max_context: int | None = None,
                  call_format: str = "auto", schedule=None, prefill_chunk: int | None = None,
-                 request_timeout_s: float | None = None):
+                 request_timeout_s: float | None = None, shared_history: bool = False, history_tenants: int = 64,
+                 history_outputs: int = 256):
         if call_format not in CALL_FORMATS:
             raise ValueError(f"call_format {call_format!r}; expected one of {CALL_FORMATS}")
         if queue_size < 1:
@@ -117,6 +120,9 @@ class Engine:
         self.target, self.method, self.sidecar, self.schedule = target, method, sidecar, schedule
         self.prefill_chunk, self.request_timeout_s = prefill_chunk, request_timeout_s
         self.outcomes = {"answered": 0, "failed": 0, "cancelled": 0, "timed_out": 0}
+        # the history drafter's earlier calls, per tenant (LRU, bounded): one client's calls never draft another's
+        self.shared_history, self.history_tenants, self.history_outputs = shared_history, history_tenants, history_outputs
+        self.histories: OrderedDict[str, History] = OrderedDict()
         self.model_name = model_name or target.name
         self.max_tokens, self.call_format = max_tokens, call_format
         config = getattr(getattr(target, "model", None), "config", None)
@@ -193,6 +199,15 @@ class Engine:
                            headers={"Retry-After": str(wait)}) from None
         return job
 
+    def history_for(self, tenant: str) -> History:
+        """The tenant's history (every tenant's one when `shared_history`), most recently used kept last."""
+        key = "*" if self.shared_history else tenant
+        history = self.histories.pop(key, None) or History(self.history_outputs)
+        self.histories[key] = history
+        while len(self.histories) > self.history_tenants:
+            self.histories.popitem(last=False)
+        return history
+
     def execute(self, job: Job):
         """Run one job now, in this thread (the worker's body; benchmarks call it directly)."""
         def on_commit(ids: list[int]) -> None:  # every round, streaming or not: a job that is no longer wanted stops
@@ -205,7 +220,7 @@ class Engine:
 
         sidecar = self.sidecar if self.method == "ooo" else None
         return generate(Prompted(self.target, job.prefix), job.chat.request, self.method, sidecar=sidecar,
-                        max_new_tokens=job.max_new_tokens, on_commit=on_commit,
+                        max_new_tokens=job.max_new_tokens, on_commit=on_commit, history=self.history_for(job.chat.tenant),
                         schedule=self.schedule, prefill_chunk=self.prefill_chunk)
 
     def _work(self) -> None:

@@ -10,6 +10,7 @@ other than text. `completion`, `chunk` and `usage` build the response objects.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -56,6 +57,7 @@ class Chat:
     max_tokens: int | None = None
     tool_choice: str | dict = "auto"   # "auto" | "none" | "required" | a function name (dict {"name": ...})
     parallel_tool_calls: bool = True
+    tenant: str = "anonymous"          # whose history drafts for this request: the API key's digest, else `user`
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -200,7 +202,15 @@ def _sampling(body: dict) -> None:
                   param="response_format", code="unsupported_sampling")
 
 
-def parse_chat(body: dict, served_model: str) -> Chat:
+def tenant_of(api_key: str | None, user) -> str:
+    """Who a request belongs to, for the history drafter: the API key (only its digest is kept), else the body's
+    `user` field, else "anonymous"."""
+    if api_key:
+        return "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:16]
+    return f"user:{user}" if user else "anonymous"
+
+
+def parse_chat(body: dict, served_model: str, api_key: str | None = None) -> Chat:
     """A checked `Chat`, or ApiError: 404 for another model, 400 naming the field for anything else."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -222,11 +232,15 @@ def parse_chat(body: dict, served_model: str) -> Chat:
     if not isinstance(stream, bool) or not isinstance(options, dict):
         raise bad("stream must be a boolean and stream_options an object", param="stream")
     parallel = body.get("parallel_tool_calls")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad(f"user={user!r}: expected a string", param="user")
     request = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
                "messages": [_message(m, i) for i, m in enumerate(messages)],
                "tools": [] if choice == "none" else tools}
     return Chat(request, model, stream=stream, include_usage=bool(options.get("include_usage")),
-                max_tokens=max_tokens, tool_choice=choice, parallel_tool_calls=parallel is not False)
+                max_tokens=max_tokens, tool_choice=choice, parallel_tool_calls=parallel is not False,
+                tenant=tenant_of(api_key, user))
 
 
 # --- responses ----------------------------------------------------------------------------------------------------

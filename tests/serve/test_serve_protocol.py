@@ -121,3 +121,29 @@ def test_build_engine_stops_on_a_missing_sidecar_and_runs_without_an_adapter(tmp
     with pytest.raises(InputError, match="not found"):
         build_engine(ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", [
             f"serve.target={tmp_path / 'nothing'}"])))
+
+
+def test_one_tenants_calls_never_draft_for_another(tiny):
+    """Histories are per tenant (API key digest, else `user`): tenant A's call is in A's history drafter and not in
+    B's; with shared_history both see it; the LRU keeps at most history_tenants."""
+    from pipeline.serve import Engine
+    from pipeline.serve.protocol import parse_chat
+
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "weather in Paris?"}],
+            "tools": tiny.requests[0]["tools"]}
+    for shared in (False, True):
+        engine = Engine(tiny.scripted(), "toolspec", model_name="scripted", max_context=4096,
+                        shared_history=shared, history_tenants=2)
+        a = engine.prepare(parse_chat(body, "scripted", api_key="key-A"))
+        out = engine.execute(a)
+        assert '"get_weather"' in out.text
+        written = engine.target.tokenizer.encode(out.text, add_special_tokens=False)
+        probe = written[:6]
+        drafts = {t: engine.history_for(t).index.lookup(probe, 8, 1)
+                  for t in (a.chat.tenant, parse_chat(dict(body, user="bob"), "scripted").tenant)}
+        assert drafts[a.chat.tenant], "A's own call drafts for A"
+        assert bool(drafts["user:bob"]) is shared, "B sees A's call only when histories are shared"
+        assert a.chat.tenant.startswith("key:") and "key-A" not in a.chat.tenant  # only a digest of the key
+        for t in ("user:c", "user:d", "user:e"):
+            engine.history_for(t)
+        assert len(engine.histories) <= 2
