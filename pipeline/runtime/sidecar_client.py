@@ -176,23 +176,51 @@ class Sidecar:
         self._proc = None
         self._results: dict[int, tuple[str, str, float, float | None]] = {}
         self._cancel = self.ctx.Value("q", -1)  # waves with id <= this are cancelled (requests run one at a time)
+        self.restarts = 0                      # workers started after the first (a crash, a stuck wave)
+        self._started_at: float | None = None
+        self._retry_at = 0.0                   # no new worker before this (back-off after quick deaths)
+        self._quick = 0                        # deaths in a row within a minute of their start
 
-    def _ensure(self) -> None:
+    def _ensure(self) -> bool:
+        """Start the worker if it is not running. A worker that died (or was stopped) within a minute of its start
+        is restarted at once the first time, then after a back-off of 1, 2, 4 ... 60 s (a crash-looping factory must
+        not load its model on every request); False while in back-off."""
         if self._proc is not None and self._proc.is_alive():
-            return
+            return True
+        now = time.perf_counter()
+        if self._started_at is not None:  # a worker ran and is gone
+            if self._retry_at == 0.0:     # noticed now: decide when to try again
+                self._quick = 0 if now - self._started_at > 60 else self._quick + 1
+                self._retry_at = now + (0.0 if self._quick <= 1 else min(2.0 ** (self._quick - 2), 60.0))
+            if now < self._retry_at:
+                return False
+            self._retry_at = 0.0
+            self.restarts += 1
         self.stop()
         self._inbox, self._outbox = self.ctx.Queue(), self.ctx.Queue()
         self._proc = self.ctx.Process(target=_worker, daemon=True,
                                       args=(self.wave, self.factory, self.factory_kwargs, self._inbox, self._outbox,
                                             self._cancel))
         self._proc.start()
+        self._started_at = time.perf_counter()
+        return True
 
     def start(self, request: dict) -> Pending:
-        """Send `request` to the wave (starting the worker if needed); returns at once."""
-        self._ensure()
+        """Send `request` to the wave (starting the worker if needed); returns at once. While a dead worker is in
+        its back-off the Pending fails at once ("sidecar down") and the request goes on without a hint."""
         rid = next(self._ids)
+        pending = Pending(self, rid, self.timeout_s)
+        if not self._ensure():
+            pending.error = f"sidecar down (restarting in {max(0.0, self._retry_at - time.perf_counter()):.0f} s)"
+            return pending
         self._inbox.put((rid, request))
-        return Pending(self, rid, self.timeout_s)
+        return pending
+
+    def status(self) -> str:
+        """"up", "down" (died; restarting after its back-off) or "idle" (never started)."""
+        if self.alive():
+            return "up"
+        return "down" if self._started_at is not None else "idle"
 
     def cancel(self, rid: int) -> None:
         """Cancel wave `rid` and every earlier one: requests run one at a time, so an earlier wave's request has

@@ -130,7 +130,8 @@ def create_app(engine: Engine) -> Starlette:
                                                          "created": 0, "owned_by": "ooo-spec"}]})
 
     async def health(_request: Request):
-        return JSONResponse(engine.health())
+        body, status = engine.health()
+        return JSONResponse(body, status_code=status)
 
     async def http_error(_request: Request, exc: HTTPException):
         return error_response(ApiError(exc.status_code, f"{exc.detail}: {_request.method} {_request.url.path}",

@@ -112,7 +112,7 @@ class Engine:
                  queue_size: int = 8, max_tokens: int = 256, max_context: int | None = None,
                  call_format: str = "auto", schedule=None, prefill_chunk: int | None = None,
                  request_timeout_s: float | None = None, shared_history: bool = False, history_tenants: int = 64,
-                 history_outputs: int = 256):
+                 history_outputs: int = 256, watchdog_s: float = 0.5):
         if call_format not in CALL_FORMATS:
             raise ValueError(f"call_format {call_format!r}; expected one of {CALL_FORMATS}")
         if queue_size < 1:
@@ -123,6 +123,9 @@ class Engine:
         # the history drafter's earlier calls, per tenant (LRU, bounded): one client's calls never draft another's
         self.shared_history, self.history_tenants, self.history_outputs = shared_history, history_tenants, history_outputs
         self.histories: OrderedDict[str, History] = OrderedDict()
+        self.worker_restarts, self.watchdog_s = 0, watchdog_s
+        self._closing = False
+        self._revive_lock = threading.Lock()
         self.model_name = model_name or target.name
         self.max_tokens, self.call_format = max_tokens, call_format
         config = getattr(getattr(target, "model", None), "config", None)
@@ -136,11 +139,37 @@ class Engine:
     # --- lifecycle ----------------------------------------------------------------------------------------------
     def start(self) -> Engine:
         if self._thread is None:
+            self._closing = False
             self._thread = threading.Thread(target=self._work, name="serve-worker", daemon=True)
             self._thread.start()
+            self._watchdog = threading.Thread(target=self._watch, name="serve-watchdog", daemon=True)
+            self._watchdog.start()
         return self
 
+    def _watch(self) -> None:
+        while not self._closing:
+            self.revive()
+            time.sleep(self.watchdog_s)
+
+    def revive(self) -> bool:
+        """If the worker thread died (an error outside a job's own handling), answer its job 500 and start a new
+        worker; True when it had died. Called by the watchdog every 0.5 s and by /health."""
+        with self._revive_lock:
+            if self._thread is None or self._thread.is_alive() or self._closing:
+                return False
+            job, self.running = self.running, None
+            if job is not None:
+                self.outcomes["failed"] += 1
+                job.emit("error", ApiError(500, "the worker died while generating this answer; it was restarted",
+                                           kind="server_error"))
+            self.worker_restarts += 1
+            log.error("serve worker thread died; restarted (%d so far)", self.worker_restarts)
+            self._thread = threading.Thread(target=self._work, name="serve-worker", daemon=True)
+            self._thread.start()
+            return True
+
     def close(self) -> None:
+        self._closing = True
         if self._thread is not None:
             while True:  # cancel what waits, then stop the worker
                 try:
@@ -155,10 +184,25 @@ class Engine:
         if self.sidecar is not None and hasattr(self.sidecar, "close"):
             self.sidecar.close()
 
-    def health(self) -> dict:
-        return {"status": "ok", "model": self.model_name, "method": self.method, "max_context": self.max_context,
-                "queue": {"waiting": self.queue.qsize(), "size": self.queue.maxsize,
-                          "running": self.running is not None}, "served": self.served, "outcomes": dict(self.outcomes)}
+    def health(self) -> tuple[dict, int]:
+        """(body, HTTP status): "ok" 200; "degraded" 200 while the sidecar process is down (requests go on without
+        hints: ooo answers as toolspec); "failing" 503 when the worker thread was found dead (it is restarted, and
+        its job answered 500)."""
+        dead = self._thread is not None and not self._thread.is_alive() and not self._closing
+        sidecar = self.sidecar.status() if self.sidecar is not None and hasattr(self.sidecar, "status") else None
+        if dead:
+            status, detail = "failing", "the worker thread died (restarting it)"
+            self.revive()
+        elif self.method == "ooo" and sidecar == "down":
+            status, detail = "degraded", "sidecar down, serving toolspec"
+        else:
+            status, detail = "ok", None
+        body = {"status": status, "detail": detail, "model": self.model_name, "method": self.method,
+                "max_context": self.max_context, "sidecar": sidecar,
+                "sidecar_restarts": getattr(self.sidecar, "restarts", 0), "worker_restarts": self.worker_restarts,
+                "queue": {"waiting": self.queue.qsize(), "size": self.queue.maxsize, "running": self.running is not None},
+                "served": self.served, "outcomes": dict(self.outcomes)}
+        return body, 503 if status == "failing" else 200
 
     # --- requests -----------------------------------------------------------------------------------------------
     def prepare(self, chat: Chat) -> Job:

@@ -82,3 +82,14 @@ def test_factory_builds_the_wave_inside_the_worker():
         load_factory("no_colon")
     with pytest.raises(ValueError, match="exactly one"):
         Sidecar()
+
+
+def test_a_crash_looping_worker_backs_off():
+    """The first quick death restarts at once; the next ones wait 1, 2, 4 ... s, failing requests at once meanwhile."""
+    with Sidecar(wave) as sc:
+        assert _wait(sc.start({"kind": "crash"})) is None
+        assert _wait(sc.start({"kind": "crash"})) is None and sc.restarts == 1  # restarted at once, died again
+        down = sc.start({"kind": "ok"})
+        assert down.error and down.error.startswith("sidecar down (restarting in") and sc.status() == "down"
+        time.sleep(1.1)
+        assert _wait(sc.start({"kind": "ok"})) == PAYLOAD and sc.restarts == 2 and sc.status() == "up"
