@@ -53,5 +53,16 @@ def upper_bound(name: str) -> bool:
     return method in METHOD_TABLE and METHOD_TABLE[method].upper_bound
 
 
-__all__ = ["Method", "METHOD_TABLE", "METHODS", "PEERS", "ALL_METHODS", "variant", "upper_bound",
+def hint_outcome(error: str | None, ready_s: float | None, tokens: int | None) -> str:
+    """What became of a request's hint: used (hint tokens accepted) / ready-unused / rejected (validation) / failed
+    (sidecar error, timeout, crash, down) / late (not ready before the last round). The eval report and the server's
+    metrics count the same outcomes."""
+    if error:
+        return "failed" if error.startswith("sidecar") else "rejected"
+    if ready_s is None:
+        return "late"
+    return "used" if tokens else "ready-unused"
+
+
+__all__ = ["hint_outcome", "Method", "METHOD_TABLE", "METHODS", "PEERS", "ALL_METHODS", "variant", "upper_bound",
            "HINT", "SCHEMA", "HISTORY", "LOOKUP", "EXTRA"]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .io import atomic_open, read_json, read_jsonl, write_json
 from .methods import METHOD_TABLE, PEERS, upper_bound
+from .methods import hint_outcome as outcome_of_hint
 
 METHOD_ORDER = list(METHOD_TABLE) + list(PEERS)
 BUSY_FOREIGN_CORES = 0.3  # other processes' CPU over a row, in cores: more means it shared the machine
@@ -106,14 +107,8 @@ def _ratio(num: list[float], den: list[float], n_boot: int) -> dict | None:
 
 
 def hint_outcome(row: dict) -> str:
-    """used / rejected (validation) / failed (sidecar error, timeout, crash) / late (not ready before the last
-    round) / none (no hint offered)."""
-    err = row.get("hint_error")
-    if err:
-        return "failed" if err.startswith("sidecar") else "rejected"
-    if row.get("hint_ready_s") is None:
-        return "late"
-    return "used" if row.get("hint_tokens_accepted") else "ready-unused"
+    """A row's hint outcome (`methods.hint_outcome`)."""
+    return outcome_of_hint(row.get("hint_error"), row.get("hint_ready_s"), row.get("hint_tokens_accepted"))
 
 
 def summarize(rows: list[dict], n_boot: int = 1000) -> dict:

@@ -1,4 +1,5 @@
-"""The HTTP layer: `POST /v1/chat/completions` (JSON or server-sent events), `GET /v1/models`, `GET /health`.
+"""The HTTP layer: `POST /v1/chat/completions` (JSON or server-sent events), `GET /v1/models`, `GET /health`,
+`GET /metrics` (Prometheus text, `metrics.py`).
 
 Why Starlette + uvicorn: the server needs exactly three routes, a streaming response for server-sent events and a
 standard ASGI server; Starlette (the toolkit FastAPI is built on) gives that without a validation layer, so every
@@ -108,6 +109,7 @@ def create_app(engine: Engine) -> Starlette:
             events: asyncio.Queue = asyncio.Queue()
             engine.submit(job, asyncio.get_running_loop(), events)
         except ApiError as e:
+            engine.metrics.rejected(e.status, e.message)
             return error_response(e)
         if chat.stream:
             return StreamingResponse(_stream(engine, job, events), media_type="text/event-stream",
@@ -129,6 +131,10 @@ def create_app(engine: Engine) -> Starlette:
         return JSONResponse({"object": "list", "data": [{"id": engine.model_name, "object": "model",
                                                          "created": 0, "owned_by": "ooo-spec"}]})
 
+    async def metrics(_request: Request):
+        body, content_type = engine.metrics.text()
+        return Response(body, media_type=content_type)
+
     async def health(_request: Request):
         body, status = engine.health()
         return JSONResponse(body, status_code=status)
@@ -139,7 +145,8 @@ def create_app(engine: Engine) -> Starlette:
 
     routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/models", models, methods=["GET"]),
-              Route("/health", health, methods=["GET"])]
+              Route("/health", health, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"])]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
 

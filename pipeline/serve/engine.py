@@ -34,6 +34,7 @@ from pipeline.runtime.drafters import History
 from pipeline.runtime.hint import PROBE_NAME, call_formats, render
 from pipeline.runtime.target import encode
 
+from .metrics import Metrics
 from .protocol import ApiError, Chat, bad
 
 log = logging.getLogger("pipeline.serve")
@@ -92,6 +93,8 @@ class Job:
     events: object = None           # asyncio.Queue of ("tokens", ids) / ("done", Result) / ("error", exc)
     cancelled: bool = False
     deadline: float | None = None   # time.perf_counter() past which the job ends with 504
+    first_token_at: float | None = None  # time.perf_counter() of the first committed round
+    finished: float | None = None
     result: object = None
     waited_s: float = 0.0
     enqueued: float = field(default_factory=time.perf_counter)
@@ -131,6 +134,7 @@ class Engine:
         config = getattr(getattr(target, "model", None), "config", None)
         self.max_context = max_context or getattr(config, "max_position_embeddings", None)
         self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.metrics = Metrics(queue_depth=self.queue.qsize)
         self.running: Job | None = None
         self.served = 0
         self.service_s = 0.0
@@ -160,6 +164,8 @@ class Engine:
             job, self.running = self.running, None
             if job is not None:
                 self.outcomes["failed"] += 1
+                job.finished = time.perf_counter()
+                self.metrics.observe(job, "failed", 500, method=self.method)
                 job.emit("error", ApiError(500, "the worker died while generating this answer; it was restarted",
                                            kind="server_error"))
             self.worker_restarts += 1
@@ -255,6 +261,8 @@ class Engine:
     def execute(self, job: Job):
         """Run one job now, in this thread (the worker's body; benchmarks call it directly)."""
         def on_commit(ids: list[int]) -> None:  # every round, streaming or not: a job that is no longer wanted stops
+            if job.first_token_at is None:
+                job.first_token_at = time.perf_counter()
             if job.cancelled:
                 raise Cancelled(job.chat.id)
             if job.deadline is not None and time.perf_counter() > job.deadline:
@@ -274,6 +282,8 @@ class Engine:
                 return
             if job.cancelled:  # its client went away while it waited
                 self.outcomes["cancelled"] += 1
+                job.finished = time.perf_counter()
+                self.metrics.observe(job, "cancelled", 499, method=self.method)
                 continue
             job.waited_s = time.perf_counter() - job.enqueued
             self.running = job
@@ -296,6 +306,9 @@ class Engine:
                 event, outcome = ("error", ApiError(500, f"generation failed: {e!r}", kind="server_error")), "failed"
             self.running = None
             self.outcomes[outcome] += 1
+            job.finished = time.perf_counter()
+            self.metrics.observe(job, outcome, {"answered": 200, "failed": 500, "cancelled": 499,
+                                                "timed_out": 504}[outcome], job.result, self.method)
             if outcome == "answered":  # the Retry-After estimate is the mean time of a whole answer
                 self.served += 1
                 self.service_s += time.perf_counter() - t0

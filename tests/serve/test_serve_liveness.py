@@ -69,3 +69,33 @@ def test_a_dead_sidecar_degrades_to_hintless_answers_and_is_restarted(tiny, serv
             assert call(second) == call(first)  # the same answer regardless
             assert sidecar.status() == "up" and sidecar.restarts == 1  # the next request restarted it
             assert http.get(f"{base}/health").json()["status"] == "ok"
+
+
+def test_metrics_count_what_the_clients_saw_and_each_request_logs_one_line(tiny, serve, caplog):
+    import logging
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    caplog.set_level(logging.INFO, logger="pipeline.serve.access")
+    engine = Engine(tiny.scripted(), "toolspec", model_name="scripted", max_context=4096)
+    with serve(engine) as url:
+        base = url.rsplit("/v1", 1)[0]
+        with httpx.Client(timeout=30) as http:
+            seen = [http.post(f"{url}/chat/completions", json=ask(tiny)).status_code for _ in range(2)]
+            seen.append(http.post(f"{url}/chat/completions", content=b"{not json").status_code)
+            seen.append(http.post(f"{url}/chat/completions", json=dict(ask(tiny), model="other")).status_code)
+            text = http.get(f"{base}/metrics").text
+    assert seen == [200, 200, 400, 404]
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert samples[("ooo_requests_total", (("status", "answered"),))] == 2
+    assert samples[("ooo_requests_total", (("status", "client_error"),))] == 2
+    assert samples[("ooo_requests_total", (("status", "refused"),))] == 0
+    assert samples[("ooo_hint_outcomes_total", (("outcome", "none"),))] == 2
+    assert samples[("ooo_tokens_per_forward_count", ())] == 2
+    assert samples[("ooo_time_to_first_token_seconds_count", ())] == 2
+    assert samples[("ooo_e2e_request_latency_seconds_count", ())] == 2
+    assert samples[("ooo_queue_depth", ())] == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.serve.access"]
+    assert len(lines) == 4 and sum("status=200 outcome=answered" in x for x in lines) == 2
+    assert all("hint=none" in x and "forwards=" in x for x in lines if "status=200" in x)
