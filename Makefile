@@ -11,7 +11,7 @@ TORCH_CPU ?= torch==2.13.0
 ARGS ?=
 
 .PHONY: setup test lint smoke data traces labels vllm-traces train train-deepspeed-check sidecar-eval bench-wave \
-	bench-runtime bench-prefill profile-train eval report upload models vllm-setup serve bench-serve
+	bench-runtime bench-prefill profile-train eval report upload models vllm-setup serve bench-serve soak
 
 setup: $(VENV)/.setup-done
 
@@ -102,6 +102,10 @@ upload: setup
 # OpenAI-compatible server over the speculative runtime (README, "Serving"): make serve [RECIPE=recipes/serve/tiny.yaml]
 serve: setup
 	$(PY) -m pipeline.serve --recipe $(or $(RECIPE),recipes/serve/qwen2.5-coder-1.5b-cpu.yaml) $(ARGS)
+
+# Fault-injection soak on loopback (tiny recipe by default; ARGS="-n 2000 --clients 16"); fails on a lost or hung request
+soak: setup
+	$(PY) scripts/soak_serve.py --recipe $(or $(RECIPE),recipes/serve/tiny.yaml) $(ARGS)
 
 # The server's HTTP overhead vs the same runtime in-process (ARGS="-n 4 --requests data/requests/bfcl/test.jsonl")
 bench-serve: setup

@@ -160,6 +160,17 @@ def tiny_target(family: str, tokenizer=None, scale: float = 0.3, seed: int = 1, 
     return Target(model, tok, tree=tree, name=f"tiny-{family}")
 
 
+def build_tiny_serving_model(path: str | Path) -> Path:
+    """A tiny random Qwen2 folder (float32) whose greedy text varies with the prompt (`tiny_target`'s weights): what
+    recipes/serve/tiny.yaml serves for scripts/bench_serve.py and scripts/soak_serve.py."""
+    import torch
+
+    target = tiny_target("qwen2")
+    target.model.to(torch.float32).save_pretrained(path)
+    target.tokenizer.save_pretrained(path)
+    return Path(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")

@@ -32,6 +32,7 @@ from pipeline.serve import create_app
 from pipeline.serve.app import answer
 from pipeline.serve.cli import ServeConfig, build_engine
 from pipeline.serve.protocol import parse_chat
+from pipeline.testing import build_tiny_serving_model
 
 MODES = ("in-process", "http", "http-stream")
 
@@ -81,18 +82,6 @@ def run_streamed(client, body: dict) -> tuple[tuple, float | None]:
     return (content, [tuple(c) for _, c in sorted(calls.items())]), first
 
 
-def build_tiny(path: str) -> None:
-    """A tiny random Qwen2 folder whose greedy text varies with the prompt (weights ~ N(0, 0.3^2), as in the runtime
-    smoke test; default-initialised tiny models only repeat one token)."""
-    import torch
-
-    from pipeline.testing import tiny_target
-
-    target = tiny_target("qwen2")
-    target.model.to(torch.float32).save_pretrained(path)
-    target.tokenizer.save_pretrained(path)
-
-
 def measure(engine, client, body: dict, mode: str) -> dict:
     """One run of `body` in `mode`: seconds, the answer (content, calls), first streamed delta, tokens, forwards."""
     engine.target.histories.clear()  # no drafting from an earlier run of the same request
@@ -130,7 +119,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     cfg = ServeConfig.from_recipe(load_recipe(args.recipe, args.overrides), args.recipe)
     if args.build_tiny and not Path(cfg.target).exists():
-        build_tiny(cfg.target)
+        build_tiny_serving_model(cfg.target)
     requests = load_requests(args.requests, limit=args.n)
     engine = build_engine(cfg)
     server, thread, url = start_server(engine, cfg.host)

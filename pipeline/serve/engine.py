@@ -205,6 +205,7 @@ class Engine:
             status, detail = "ok", None
         body = {"status": status, "detail": detail, "model": self.model_name, "method": self.method,
                 "max_context": self.max_context, "sidecar": sidecar,
+                "sidecar_pid": self.sidecar.pid() if sidecar == "up" else None,
                 "sidecar_restarts": getattr(self.sidecar, "restarts", 0), "worker_restarts": self.worker_restarts,
                 "queue": {"waiting": self.queue.qsize(), "size": self.queue.maxsize, "running": self.running is not None},
                 "served": self.served, "outcomes": dict(self.outcomes)}
