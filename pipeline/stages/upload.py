@@ -86,7 +86,7 @@ def upload_files(adapter: Path) -> list[str]:
 
 
 def model_card(repo: str, adapter_config: dict, recipe_path: Path | None, recipe: dict | None,
-               accuracy: dict | None, base_model: str | None = None) -> str:
+               accuracy: dict | None, base_model: str | None = None, metrics: dict | None = None) -> str:
     """README.md of the Hub repo (pure: everything comes in as arguments)."""
     base = base_model or adapter_config.get("base_model_name_or_path") or "unknown"
     front = {"library_name": "peft", "license": "apache-2.0", "pipeline_tag": "text-generation",
@@ -114,6 +114,17 @@ def model_card(repo: str, adapter_config: dict, recipe_path: Path | None, recipe
     seen = [f for key in ("requests", "rows") for f in _as_list(((recipe or {}).get("train") or {}).get(key))]
     if seen:
         lines += ["", "Training inputs: " + ", ".join(f"`{f}`" for f in seen) + "."]
+    sources = (metrics or {}).get("row_sources")
+    if sources:  # which labels it learned from: the first source with rows for a request won it
+        lines += ["", "Labels it learned from (row sources in order of precedence; `gold` = the benchmark's own call, "
+                      "a row file = a teacher's calls):", "", "| source | requests | rows |", "|---|---|---|"]
+        lines += [f"| `{name}` | {s['requests']} | {s['rows']} |" for name, s in sources.items()]
+    if metrics and metrics.get("train"):
+        t = metrics["train"]
+        lines += ["", f"Trained {metrics.get('global_step')} optimizer steps in "
+                      f"{(t.get('train_runtime') or 0) / 60:.0f} min, final train loss {t.get('train_loss', float('nan')):.3f} "
+                      f"({(metrics.get('pack') or {}).get('rows_kept')} rows packed into "
+                      f"{(metrics.get('pack') or {}).get('sequences')} sequences)."]
     lines += ["", "## Recipe", "",
               f"LoRA r={rank}, alpha={alpha}, dropout={adapter_config.get('lora_dropout')}, "
               f"target modules: {targets}."]
@@ -168,7 +179,8 @@ def upload(adapter: str | Path, repo: str, *, dry_run: bool = False, private: bo
     if not looks_like_hub_id(base):
         print(f"note: base model {base!r} is not a hub id; pass --base-model to name it in the card's metadata")
     with atomic_open(adapter / "README.md") as f:
-        f.write(model_card(repo, adapter_config, recipe_path, recipe, accuracy, base_model))
+        f.write(model_card(repo, adapter_config, recipe_path, recipe, accuracy, base_model,
+                           read_json(adapter / "metrics.json") if (adapter / "metrics.json").is_file() else None))
     seal(adapter)  # the card is one of the adapter's files now
     files = upload_files(adapter)
 

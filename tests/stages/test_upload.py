@@ -35,7 +35,10 @@ def adapter(tmp_path, saved_adapter):
     (out / "adapter_config.json").write_text(json.dumps(cfg))
     (out / "recipe.yaml").write_text("recipe_name: tiny\ntrain:\n  compact: true\n"
                                      "  requests: [data/requests/*/train.jsonl]\nlora:\n  r: 4\n")
-    (out / "metrics.json").write_text('{"train_loss": 1.0}')
+    (out / "metrics.json").write_text(json.dumps({
+        "train": {"train_loss": 1.0, "train_runtime": 600.0}, "global_step": 12,
+        "pack": {"rows_kept": 40, "sequences": 9},
+        "row_sources": {"data/labels/t/rows/train.jsonl": {"requests": 3, "rows": 12}, "gold": {"requests": 5, "rows": 20}}}))
     (out / "manifest.json").write_text("{}")
     summary = {"bfcl/test": {"requests": 10, "function_accuracy": 0.9, "slot_exact": 0.7, "null_precision": 0.8,
                              "null_recall": 0.6, "whole_call": 0.5, "payload_rate": 1.0, "mean_payload_bytes": 85.0,
@@ -120,7 +123,8 @@ def test_dry_run_writes_the_card_and_lists_files_without_token_or_network(adapte
     for text in ("BFCL", "Seal-Tools", "API-Bank", "ToolAlpaca", "Apache-2.0", "non-commercial", "LoRA r=4",
                  "q_proj, v_proj", "recipe_name: tiny", "| bfcl/test | 10 | 90.0 | 70.0 |",
                  "PeftModel.from_pretrained", "--enable-lora --lora-modules sidecar=user/ooo-sidecar",
-                 "Training inputs: `data/requests/*/train.jsonl`"):
+                 "Training inputs: `data/requests/*/train.jsonl`", "| `data/labels/t/rows/train.jsonl` | 3 | 12 |",
+                 "| `gold` | 5 | 20 |", "Trained 12 optimizer steps in 10 min, final train loss 1.000"):
         assert text in card, text
     manifest = json.loads((adapter / "upload" / "manifest.json").read_text())
     assert manifest["dry_run"] is True and manifest["files"] == files
