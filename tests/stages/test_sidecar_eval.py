@@ -93,8 +93,9 @@ def test_labels_of_the_teacher_win_over_gold(tmp_path, monkeypatch):
     all_ = result["summary"]["all"]
     assert all_["reference"] == "labels 1 + gold 3" and all_["function_accuracy"] == 0.75  # the label says tool 1
     assert str(folder / "dev.jsonl") in result["inputs"]
-    with pytest.raises(InputError, match="no labels for teacher 'nobody'"):
-        sidecar_eval.main(["--recipe", write_recipe(tmp_path, teacher="nobody", data_dir=str(tmp_path / "data"))])
+    result = sidecar_eval.main(["--recipe", write_recipe(tmp_path, teacher="nobody", data_dir=str(tmp_path / "data"),
+                                                         out=str(tmp_path / "gold-only"))])
+    assert result["summary"]["all"]["reference"] == "gold"  # no labels yet: gold everywhere, and it says so
 
 
 def test_bad_recipes_and_requests_are_clear_errors(tmp_path, monkeypatch):
