@@ -24,7 +24,8 @@ from .io import read_json, sha256_file, write_json
 
 ROOTS = ("data/traces", "checkpoints/sidecar", "eval/results", "eval/reports")
 BUDGET_MB = 60.0
-SKIP = ("manifest.json", "*.partial", "checkpoint-*", ".*")  # never sealed (in flight, resumable state, hidden)
+SKIP = ("manifest.json", "*.partial", "checkpoint-*", ".*", "training_args.bin")  # never sealed: in flight,
+# resumable or pickled trainer state, hidden files
 
 
 def _skipped(path: Path, folder: Path) -> bool:
