@@ -50,7 +50,8 @@ def test_committed_adapter_is_complete():
     for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer_config.json", "recipe.yaml",
                  "metrics.json", "loss.png", "manifest.json"):
         assert (ADAPTER / name).is_file(), name
-    assert not list(ADAPTER.glob("checkpoint-*")) and not list(ADAPTER.rglob("optimizer.pt"))
+    tracked = [str(f) for f in artifacts.tracked(ROOT) or []]  # checkpoint-*/ may exist locally: never committed
+    assert not [f for f in tracked if "/checkpoint-" in f or f.endswith(("optimizer.pt", "training_args.bin"))]
     metrics = read_json(ADAPTER / "metrics.json")
     assert metrics["row_sources"] and metrics["global_step"] > 0
 
