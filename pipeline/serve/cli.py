@@ -50,7 +50,7 @@ class ServeConfig:
     schedule: str = "adaptive"           # adaptive / split / colocated / all-cores (pipeline/runtime/schedule.py)
     tree_budget: str = "auto"            # auto: tree size per round from the measured cost curve; fixed: 32 nodes
     prefix_cache: bool = True            # reuse the KV cache of a shared prompt prefix across requests
-    prefill_chunk: int | None = 128      # prefill in chunks: the adaptive schedule gives the core back mid-prefill
+    prefill_chunk: int | None = 256      # prefill in chunks: the adaptive schedule gives the core back mid-prefill
     request_timeout_s: float | None = 600.0  # a request still unanswered this long after its arrival ends with 504
     shared_history: bool = False         # true: every tenant's calls draft for every other (a timing side channel)
     history_tenants: int = 64            # tenants whose history is kept (LRU); a tenant = API key, else `user`
