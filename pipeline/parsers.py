@@ -10,6 +10,12 @@
 A call object may spell its arguments `arguments` or `parameters`, may nest them under `function`, and may give them as
 a JSON string (OpenAI style). The result lists every call found in text order with the format that produced them.
 
+It is the project's one call parser: the labels stage, the eval report, the runtime's `ooo-oracle` hint and the
+server's final answer all read calls with it (the server's streaming view, `pipeline.serve.calls`, decides the same
+calls incrementally). `parse_calls(text, lenient=True)` also repairs what a target cut off or wrote as almost-JSON:
+a bare word as a value (`"session": jdbcSession` -> "jdbcSession") and a call cut off inside its JSON by
+`max_new_tokens` (kept up to its last complete member, closed); `Parsed.repair` says which repair was needed.
+
 `normalise_arguments(args, schema)` coerces a value only where the JSON Schema says what it must be ("5" -> 5 for an
 integer, "true" -> true for a boolean, 5 -> "5" for a string, an enum value in the wrong case or a boolean whose
 string form is the enum's, an explicit null for an optional parameter that may not be null) and returns what it
@@ -24,6 +30,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .jsonscan import scan, scan_value
+
+ARG_ALIASES = ("arguments", "parameters", "args")  # how call objects spell their arguments, in order of preference
 TAG_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 FENCE_RE = re.compile(r"```[ \t]*(?:json|JSON|tool_call|python)?[ \t]*\n(.*?)(?:\n[ \t]*```|$)", re.S)
 API_REQUEST_RE = re.compile(r"API-Request:\s*(\[.*?\))\s*\]", re.S)
@@ -37,6 +46,7 @@ class Parsed:
     calls: list[dict] = field(default_factory=list)
     format: str | None = None
     problems: list[str] = field(default_factory=list)  # pieces that looked like calls but did not parse
+    repair: str | None = None  # lenient parse: "bare_words" or "truncated" when the text needed it
 
 
 def _loads(text: str) -> Any:
@@ -59,7 +69,7 @@ def as_call(obj: Any) -> dict | None:
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return None
-    for key in ("arguments", "parameters", "args"):
+    for key in ARG_ALIASES:
         if key in obj:
             args = obj[key]
             break
@@ -257,8 +267,46 @@ def parse_api_request(text: str) -> Parsed:
     return out
 
 
-def parse_calls(text: str) -> Parsed:
-    """Every call in `text`, trying the explicit formats (tags, API-Request, fences) before bare JSON / Python."""
+BARE_WORD = re.compile(r'(:\s*)(?!true\b|false\b|null\b)([A-Za-z_$][\w$.]*)(\s*[,}\]])')
+
+
+def parse_calls(text: str, lenient: bool = False) -> Parsed:
+    """Every call in `text`, trying the explicit formats (tags, API-Request, fences) before bare JSON / Python;
+    `lenient` repairs bare-word values and a call cut off inside its JSON when nothing parses as written."""
+    parsed = _parse_exact(text)
+    if parsed.calls or not lenient:
+        return parsed
+    quoted = BARE_WORD.sub(r'\1"\2"\3', text)
+    if quoted != text:
+        repaired = _parse_exact(quoted)
+        if repaired.calls:
+            repaired.repair = "bare_words"
+            return repaired
+    closed = close_truncated(text)
+    if closed is not None:
+        repaired = _parse_exact(closed)
+        if repaired.calls:
+            repaired.repair = "truncated"
+            return repaired
+    return parsed
+
+
+def close_truncated(text: str) -> str | None:
+    """The JSON value `text` was cut off in, up to its last complete member and closed (None: nothing to close)."""
+    pos = scan(text)
+    if pos.state in ("start", "done", "invalid"):
+        return None
+    start = pos.root.start
+    for end in range(len(text), start, -1):
+        if text[end - 1] not in '"}]0123456789el':  # where a string, container, number or literal can end
+            continue
+        cut = scan_value(text[:end] + " ", start)  # strict JSON; the space ends a number or literal at the cut
+        if cut.state == "after":
+            return text[start:end] + "".join("}" if f.kind == "{" else "]" for f in reversed(cut.stack))
+    return None
+
+
+def _parse_exact(text: str) -> Parsed:
     problems: list[str] = []
     if "<tool_call>" in text:
         p = parse_tags(text)
@@ -389,5 +437,5 @@ def normalise_arguments(args: dict, parameters: dict) -> tuple[dict, list[str]]:
     return normalise_object(args, parameters)
 
 
-__all__ = ["Parsed", "parse_calls", "parse_tags", "parse_fences", "parse_bare_json", "parse_api_request",
+__all__ = ["ARG_ALIASES", "Parsed", "parse_calls", "close_truncated", "parse_tags", "parse_fences", "parse_bare_json", "parse_api_request",
            "parse_python_calls", "parse_api_bank_call", "as_call", "normalise_arguments", "normalise_value"]

@@ -129,6 +129,21 @@ def _checked_call(tools: list[dict], index: int, args: dict, validate: bool) -> 
     return {"name": tool_name(tools[index]), "arguments": args}
 
 
+def payload_from_call(call: dict, tools: list[dict]) -> dict | None:
+    """The JSON form of the payload that drafts `call` (None when its tool is not in `tools`)."""
+    try:
+        return Payload.from_call(call, tools).to_json()
+    except PayloadError:
+        return None
+
+
+def gold_payload(request: dict) -> dict | None:
+    """The payload of the request's first gold call (a wave for `--hint gold` and the traces' teacher hint; clearly
+    not a sidecar)."""
+    gold = request.get("gold") or []
+    return payload_from_call(gold[0], request.get("tools") or []) if gold else None
+
+
 def payload_bytes(payload) -> int:
     """Bytes of a payload's compact JSON (0 for none); a JSON form that is not a valid payload counts as it is."""
     if payload is None:
@@ -139,4 +154,4 @@ def payload_bytes(payload) -> int:
         return len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
 
-__all__ = ["Payload", "PayloadError", "payload_bytes"]
+__all__ = ["Payload", "PayloadError", "payload_bytes", "payload_from_call", "gold_payload"]

@@ -23,13 +23,14 @@ forwards, accepted_lengths, tree_sizes, prefill_s, decode_s, wall_s, prompt_toke
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
 import time
 
 from .hardware import cpu_sample, cpu_usage
-from .runtime import Sidecar, generate
+from .runtime import Sidecar, generate, warm_up
 from .methods import ALL_METHODS, METHOD_TABLE, PEERS, variant
 from .runtime.schedule import Schedule
 
@@ -185,17 +186,16 @@ class Runner:
         return self.sidecars.get(schedule)
 
     def warmup(self, request: dict, max_new_tokens: int = 16) -> None:
-        """Every variant once, untimed; then the run's histories, acceptance statistics and memo start empty."""
-        for sc in self.sidecars.values():  # wait until each worker has loaded its model and answered one wave
-            sc.start(request).wait()
-        ar = None
-        for method, schedule in self.variants:  # ar first
-            out = self._decode(request, method, schedule, ar, max_new_tokens)
-            ar = out if method == "ar" else ar
-        self.target.histories.clear()
-        self.target.budgets.clear()
-        if getattr(self.target, "memo", None) is not None:
-            self.target.memo.clear()
+        """Every variant once, untimed (`ar` first: the oracle's hint); then the run's histories, acceptance
+        statistics and memo start empty (`pipeline.runtime.warm_up`)."""
+        done: dict = {}
+
+        def decode(method: str, schedule: str):
+            out = self._decode(request, method, schedule, done.get("ar"), max_new_tokens)
+            done.setdefault(method, out)
+
+        warm_up(self.target, request, [functools.partial(decode, m, s) for m, s in self.variants],
+                self.sidecars.values())
 
     def _decode(self, request: dict, method: str, schedule: str, ar, max_new_tokens: int):
         sched = self.schedules[schedule]

@@ -29,7 +29,7 @@ from pipeline.io import ResumableJsonl, read_jsonl  # noqa: E402
 from pipeline.report import summarize, to_markdown  # noqa: E402
 from pipeline.requests import load_requests  # noqa: E402
 from pipeline.runtime import METHODS, generate  # noqa: E402
-from pipeline.runtime.parse import gold_payload  # noqa: E402
+from pipeline.payload import gold_payload  # noqa: E402
 
 
 def gold_wave(request: dict) -> dict | None:

@@ -63,7 +63,7 @@ def replay(rows_path: Path, curves: dict[str, CostCurve], tokenizer_path: str, l
 
     from pipeline.requests import load_requests
     from pipeline.runtime import Ready, generate
-    from pipeline.runtime.parse import gold_payload
+    from pipeline.payload import gold_payload
     from pipeline.runtime.replay import ReplayTarget
 
     outputs = recorded_outputs(rows_path)

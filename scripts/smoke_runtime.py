@@ -22,7 +22,7 @@ from pipeline.io import read_jsonl  # noqa: E402
 from pipeline.runner import Runner  # noqa: E402
 from pipeline.runtime import Ready, generate  # noqa: E402
 from pipeline.runtime.loop import METHODS  # noqa: E402
-from pipeline.runtime.parse import gold_payload  # noqa: E402
+from pipeline.payload import gold_payload  # noqa: E402
 from pipeline.runtime.replay import ReplayTarget  # noqa: E402
 from pipeline.testing import FAMILIES, make_tokenizer, tiny_target  # noqa: E402
 

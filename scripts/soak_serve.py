@@ -193,7 +193,7 @@ def ar_equal(recipe: dict, answers: dict[str, dict], tools: list, limit: int) ->
     for prompt, message in list(answers.items())[:limit]:
         req = {"id": f"soak-{total}", "messages": [{"role": "user", "content": prompt}], "tools": tools}
         text = generate(target, req, "ar", max_new_tokens=serve.get("max_tokens", 256)).text
-        ref = view(text, final=True, parse_calls=True)
+        ref = view(text, final=True, find_calls=True)
         got_calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
                      for c in message.get("tool_calls") or []]
         want_calls = [(c.name, json.loads(c.arguments)) for c in ref.calls]

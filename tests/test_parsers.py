@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.io import read_jsonl
-from pipeline.parsers import normalise_arguments, normalise_value, parse_calls, parse_python_calls
+from pipeline.parsers import close_truncated, normalise_arguments, normalise_value, parse_calls, parse_python_calls
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 
@@ -144,3 +144,42 @@ def test_real_teacher_outputs(source, case):
     assert len(p.calls) == expect["n_calls"]
     if expect.get("first_call") is not None:
         assert p.calls[0] == expect["first_call"]
+
+
+# --- what the runtime's oracle and the server read with the same parser (from the runtime's former parser) ---------
+
+def test_openai_spellings_fenced_tagged_and_listed():
+    call = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "f"}}
+    fenced = "Sure:\n```json\n" + json.dumps(call, indent=2) + "\n```"
+    tagged = "<tool_call>\n" + json.dumps({"name": "calculate", "arguments": json.dumps({"expression": "1+1"})}) + \
+        "\n</tool_call>"
+    listed = json.dumps([{"function": {"name": "calculate", "parameters": {}}}])
+    assert parse_calls(fenced).calls == [call]
+    assert parse_calls(tagged).calls == [{"name": "calculate", "arguments": {"expression": "1+1"}}]
+    assert parse_calls(listed).calls == [{"name": "calculate", "arguments": {}}]
+    assert parse_calls("no call {here}").calls == [] and parse_calls('{"name": "x", "arguments": "not json"}').calls == []
+    assert parse_calls('{"name": "", "arguments": {}}').calls == []  # a call has a name
+
+
+def test_lenient_parse_repairs_bare_words_and_cut_off_calls():
+    bare = '```json\n{\n  "name": "f",\n  "arguments": {\n    "session": jdbcSession,\n    "ok": true\n  }\n}\n```'
+    assert parse_calls(bare).calls == []
+    fixed = parse_calls(bare, lenient=True)
+    assert fixed.calls == [{"name": "f", "arguments": {"session": "jdbcSession", "ok": True}}]
+    assert fixed.repair == "bare_words" and fixed.format == "fenced_json"
+    cut = '```json\n{\n  "name": "f",\n  "arguments": {\n    "a": [1, 2],\n    "b": "long val'
+    closed = parse_calls(cut, lenient=True)
+    assert closed.calls == [{"name": "f", "arguments": {"a": [1, 2]}}]  # the last complete member, closed
+    assert closed.repair == "truncated"
+    assert parse_calls("no call here", lenient=True).calls == []
+    whole = '{"name": "f", "arguments": {"a": 1}}'
+    assert parse_calls(whole, lenient=True).repair is None  # nothing to repair
+
+
+def test_close_truncated_closes_the_value_it_was_cut_in():
+    assert close_truncated('{"name": "f", "arguments": {"a": 1, "b": "x') == '{"name": "f", "arguments": {"a": 1}}'
+    assert close_truncated('{"a": 1}') is None and close_truncated("prose") is None
+    # a second value cut off after a complete first one: the second, not a slice of both
+    two = '{"name": "f", "arguments": {}} then {"name": "g", "arguments": {"x": [1, 2], "y": tr'
+    assert close_truncated(two) == '{"name": "g", "arguments": {"x": [1, 2]}}'
+    assert parse_calls(two, lenient=True).calls == [{"name": "f", "arguments": {}}]  # the first is whole: no repair

@@ -9,8 +9,8 @@ speculative runtime" and "Losslessness").
     result.text, result.token_ids, result.stats.mean_accepted
 """
 
-from .loop import METHODS, Result, Stats, generate, oracle_payload
+from .loop import METHODS, Result, Stats, generate, oracle_payload, warm_up
 from .sidecar_client import Ready, Sidecar
 from .target import Target
 
-__all__ = ["generate", "Result", "Stats", "METHODS", "Target", "Sidecar", "Ready", "oracle_payload"]
+__all__ = ["generate", "Result", "Stats", "METHODS", "Target", "Sidecar", "Ready", "oracle_payload", "warm_up"]

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from itertools import chain, islice
 from typing import Iterator
 
-from .jsonstate import WS, Frame, JsonPos, Style
+from ..jsonscan import WS, Frame, JsonPos, Style
+from ..parsers import ARG_ALIASES
 
-ARG_ALIASES = ("arguments", "parameters", "args")
 MISSING = object()
 
 

@@ -25,7 +25,7 @@ from pipeline.schema import tool_name, tool_params
 
 from .continuation import Arr, Choice, Obj, Open, Writer, continue_at
 from .hint import CallFormat, call_formats, hint_calls, openings, render, seam_tokens, suffix_for
-from .jsonstate import JsonPos, scan
+from ..jsonscan import JsonPos, scan
 
 log = logging.getLogger("pipeline.runtime")
 

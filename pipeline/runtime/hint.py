@@ -22,7 +22,7 @@ from functools import lru_cache
 from pipeline.payload import Payload, PayloadError
 
 from .continuation import Writer
-from .jsonstate import Style, scan
+from ..jsonscan import Style, scan
 from .target import decode, encode
 
 PROBE_NAME, PROBE_ARG, PROBE_VALUE = "probe_fn_q7", "probe_arg_q7", "probe_value_q7"

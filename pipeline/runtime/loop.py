@@ -15,17 +15,14 @@ from dataclasses import asdict, dataclass, field
 
 from .drafters import Context, HintDrafter, History, HistoryDrafter, PromptLookup, SchemaDrafter
 from .hint import call_formats
-from .jsonstate import scan
-from .parse import parse_lenient, payload_from_call
 from .sidecar_client import Ready
 from .budget import TreeBudget
 from .target import Target
 from .verify import accept, best_chain, build_tree, truncate_at_stop
-
+from ..jsonscan import scan
 from ..methods import EXTRA, HINT, HISTORY, LOOKUP, METHOD_TABLE, METHODS, SCHEMA, Method  # noqa: F401 (re-exported)
-
-
-
+from ..parsers import parse_calls
+from ..payload import payload_from_call
 
 
 @dataclass
@@ -77,12 +74,28 @@ class Result:
     stats: Stats
 
 
+def warm_up(target: Target, request: dict, decodes=(), sidecars=()) -> None:
+    """Untimed first calls, so that no measured or served request pays for loading: one wave from every sidecar
+    (each worker loads its model and answers), then every `decodes` callable (each one decode of `request`); then
+    the target forgets the run (histories, the budgets' statistics, memoised prefills), so warm-up never drafts.
+    The eval's runner and the server both warm up through it."""
+    for sidecar in sidecars:
+        if sidecar is not None:
+            sidecar.start(request).wait()
+    for decode in decodes:
+        decode()
+    target.histories.clear()
+    target.budgets.clear()
+    if getattr(target, "memo", None) is not None:  # a replayed target has none
+        target.memo.clear()
+
+
 def oracle_payload(target: Target, request: dict, oracle=None, max_new_tokens: int = 256):
     """The payload of the call the target itself writes (from `oracle`: an ar Result or text; else runs ar)."""
     if oracle is None:
         oracle = generate(target, request, "ar", max_new_tokens=max_new_tokens)
     text = oracle.text if isinstance(oracle, Result) else str(oracle)
-    calls = parse_lenient(text)
+    calls = parse_calls(text, lenient=True).calls
     return payload_from_call(calls[0], request.get("tools") or []) if calls else None
 
 

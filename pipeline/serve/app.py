@@ -53,14 +53,14 @@ def max_calls(chat: Chat) -> int | None:
 def answer(engine: Engine, job: Job, result) -> dict:
     """The non-streaming chat.completion for a finished job."""
     chat = job.chat
-    final = view(job.prefix + result.text, final=True, parse_calls=chat.parse_calls, max_calls=max_calls(chat))
+    final = view(job.prefix + result.text, final=True, find_calls=chat.find_calls, max_calls=max_calls(chat))
     ids = [new_call_id() for _ in final.calls]
     return completion(chat, final, ids, result.stats.stop, usage(job.prompt_tokens, result.stats))
 
 
 async def _stream(engine: Engine, job: Job, events: asyncio.Queue):
     chat, stop_ids = job.chat, engine.target.stop_ids
-    calls = CallStream(chat.parse_calls, max_calls(chat), call_id=new_call_id)
+    calls = CallStream(chat.find_calls, max_calls(chat), call_id=new_call_id)
     ids: list[int] = []
     finished = False
     try:

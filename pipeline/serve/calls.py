@@ -16,6 +16,9 @@ A JSON call is certain once its "name" string is complete and its arguments obje
 whitespace outside strings removed (so it grows character by character and parses to the same object as
 `pipeline.parsers.parse_calls` finds); a call cut off by `max_tokens` keeps its incomplete arguments. A JSON value
 that completes without a call (or stops being JSON) is ordinary content; calls nested inside it are not searched.
+
+The JSON is read by the project's one incremental scanner (`pipeline.jsonscan.read_value`), and what is a call object
+follows the one call parser's rules (`pipeline.parsers.as_call`): this module only decides how early each is certain.
 """
 
 from __future__ import annotations
@@ -24,15 +27,13 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from pipeline.parsers import API_REQUEST_RE, parse_api_request, parse_python_calls
-from pipeline.runtime.continuation import ARG_ALIASES
+from pipeline.jsonscan import WS, Node, read_value
+from pipeline.parsers import API_REQUEST_RE, ARG_ALIASES, parse_api_request, parse_python_calls
 
-WS = " \t\r\n"
 OPENERS = ("<tool_call>", "```", "<|python_tag|>", "API-Request:")
 MARKER_RE = re.compile(r"<tool_call>|```|<\|python_tag\|>|API-Request:|[{\[]")
 FENCE_OPEN_RE = re.compile(r"```[ \t]*[\w+-]*[ \t]*\n")
 FENCE_PARTIAL_RE = re.compile(r"```[ \t]*[\w+-]*[ \t]*\Z")
-SCALAR_RE = re.compile(r"[A-Za-z0-9.+-]+")
 PY_LIST_RE = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*")
 PY_BARE_RE = re.compile(r"[A-Za-z_][\w.]*\s*")
 JSON_START_RE = re.compile(r"[{\[]")
@@ -48,84 +49,6 @@ class Call:
 class View:
     content: str = ""       # "" when there is no content (or only whitespace)
     calls: list[Call] = field(default_factory=list)
-
-
-@dataclass
-class Node:
-    """A JSON value as far as the text goes: kind "{", "[", '"' (string) or "s" (number / literal)."""
-
-    kind: str
-    start: int
-    end: int | None = None                       # exclusive; None while the value is not closed
-    members: list = field(default_factory=list)  # [(key or None, Node)]
-
-
-def _string_end(text: str, i: int) -> int | None:
-    """Index after the closing quote of the string opening at text[i], None if it is not closed yet."""
-    j, n = i + 1, len(text)
-    while j < n:
-        c = text[j]
-        if c == "\\":
-            j += 2
-            continue
-        if c == '"':
-            return j + 1
-        j += 1
-    return None
-
-
-def read_json(text: str, i: int) -> tuple[Node, int | None]:
-    """The JSON container opening at text[i] read as far as the text goes, and where it stopped being JSON (or None)."""
-    root = Node(text[i], i)
-    stack, key = [root], None
-    expect = "key|}" if root.kind == "{" else "value|]"
-    j, n = i + 1, len(text)
-    while j < n and stack:
-        c, top = text[j], stack[-1]
-        if c in WS:
-            j += 1
-            continue
-        closes = (c == "}" and expect == "key|}") or (c == "]" and expect == "value|]") \
-            or (expect == "after" and c == ("]" if top.kind == "[" else "}"))
-        if closes:
-            top.end = j + 1
-            stack.pop()
-            expect, j = "after", j + 1
-            continue
-        if expect in ("key|}", "key"):
-            end = _string_end(text, j) if c == '"' else j
-            if end is None:
-                return root, None
-            try:
-                key = json.loads(text[j:end])
-            except ValueError:
-                return root, j
-            expect, j = ":", end
-        elif expect == ":":
-            if c != ":":
-                return root, j
-            expect, j = "value", j + 1
-        elif expect in ("value", "value|]"):
-            node = Node(c if c in '{["' else "s", j)
-            top.members.append((key if top.kind == "{" else None, node))
-            if c in "{[":
-                stack.append(node)
-                expect, j = ("key|}" if c == "{" else "value|]"), j + 1
-                continue
-            m = None if c == '"' else SCALAR_RE.match(text, j)
-            end = _string_end(text, j) if c == '"' else (m.end() if m else j)
-            if end is None or end == n and c != '"':
-                return root, None  # a string, number or literal still being written
-            try:
-                json.loads(text[j:end])
-            except ValueError:
-                return root, j
-            node.end, expect, j = end, "after", end
-        elif c == ",":
-            expect, j = ("key" if top.kind == "{" else "value"), j + 1
-        else:
-            return root, j
-    return root, None
 
 
 def compact(raw: str) -> str:
@@ -190,7 +113,7 @@ def _certain_call(text: str, obj: Node, limit: int) -> Call | None:
 
 def _json_verdict(text: str, j: int, final: bool) -> tuple[str, list[Call], int]:
     """("call" | "dead" | "open", calls, where to go on) for the JSON value opening at text[j]."""
-    node, stop = read_json(text, j)
+    node, stop = read_value(text, j)
     limit = stop if stop is not None else len(text)
     calls = [c for c in (_certain_call(text, o, limit) for o in _call_objects(node)) if c is not None]
     if calls:
@@ -268,9 +191,10 @@ def _held(text: str) -> int:
     return len(text)
 
 
-def view(text: str, final: bool = False, parse_calls: bool = True, max_calls: int | None = None) -> View:
-    """What is certain about `text` (the whole output when `final`); see the module docstring."""
-    if not parse_calls:
+def view(text: str, final: bool = False, find_calls: bool = True, max_calls: int | None = None) -> View:
+    """What is certain about `text` (the whole output when `final`); see the module docstring. `find_calls=False`
+    (a request without tools) makes all of it content."""
+    if not find_calls:
         return View(text if text.strip() else "")
     pos, start, calls = 0, None, []
     while start is None:
@@ -305,8 +229,8 @@ def _content(text: str) -> str:
 class CallStream:
     """Chat-completion deltas for a growing text: `feed(text)` after each commit, `feed(text, final=True)` last."""
 
-    def __init__(self, parse_calls: bool = True, max_calls: int | None = None, call_id=None):
-        self.parse_calls, self.max_calls = parse_calls, max_calls
+    def __init__(self, find_calls: bool = True, max_calls: int | None = None, call_id=None):
+        self.find_calls, self.max_calls = find_calls, max_calls
         self.call_id = call_id or (lambda i: f"call_{i}")
         self.sent = View()
         self.ids: list[str] = []
@@ -315,7 +239,7 @@ class CallStream:
         """The deltas that take the stream from what it has sent to `view(text, final)`."""
         if not final:
             text = text.rstrip("\ufffd")  # a multi-byte character cut between tokens: wait for its other bytes
-        new = view(text, final, self.parse_calls, self.max_calls)
+        new = view(text, final, self.find_calls, self.max_calls)
         deltas = []
         if new.content != self.sent.content:
             if not new.content.startswith(self.sent.content):
@@ -339,4 +263,4 @@ class CallStream:
         return deltas
 
 
-__all__ = ["view", "View", "Call", "CallStream", "compact", "read_json"]
+__all__ = ["view", "View", "Call", "CallStream", "compact"]

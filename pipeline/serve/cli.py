@@ -90,15 +90,15 @@ def make_sidecar(cfg: ServeConfig, cores: list[int]):
 
 
 def warm_up(engine: Engine) -> None:
-    """One short generation and one wave, so the first client does not pay for loading."""
+    """One short generation and one wave, so the first client does not pay for loading (`pipeline.runtime.warm_up`:
+    the same warm-up the eval's runner does)."""
     from pipeline.runtime import generate
+    from pipeline.runtime import warm_up as runtime_warm_up
 
     request = {"id": "warmup", "messages": [{"role": "user", "content": "hello"}], "tools": []}
     t0 = time.perf_counter()
-    generate(engine.target, request, "ar", max_new_tokens=4)
-    engine.target.histories.clear()
-    if engine.sidecar is not None:
-        engine.sidecar.start(request).wait()
+    runtime_warm_up(engine.target, request, [lambda: generate(engine.target, request, "ar", max_new_tokens=4)],
+                    [engine.sidecar])
     log.info("warm-up done in %.1f s", time.perf_counter() - t0)
 
 

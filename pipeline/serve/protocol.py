@@ -69,7 +69,8 @@ class Chat:
         return self.tool_choice["name"] if isinstance(self.tool_choice, dict) else None
 
     @property
-    def parse_calls(self) -> bool:
+    def find_calls(self) -> bool:
+        """Whether the answer may hold tool calls (the request has tools)."""
         return bool(self.request["tools"])
 
 

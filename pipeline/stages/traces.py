@@ -280,7 +280,7 @@ class RuntimeBackend(Backend):
 
     def run(self, batch):
         from ..runtime import Ready, generate
-        from ..runtime.parse import gold_payload
+        from ..payload import gold_payload
 
         rows = []
         for req, _ in batch:

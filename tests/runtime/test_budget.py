@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.runtime import Ready, generate
 from pipeline.runtime.budget import Acceptance, CostCurve, TreeBudget, node_probs, subtree
-from pipeline.runtime.parse import gold_payload
+from pipeline.payload import gold_payload
 from pipeline.runtime.replay import ReplayTarget
 from pipeline.runtime.verify import build_tree
 

@@ -1,10 +1,10 @@
-"""Payloads -> calls, the target's call formats, text renderings, re-tokenization seams, and call parsing."""
+"""Payloads -> calls, the target's call formats, text renderings and re-tokenization seams."""
 
 import json
 
+from pipeline.payload import gold_payload
 from pipeline.runtime.hint import BARE_COMPACT, FENCED, call_formats, hint_calls, openings, render, seam_tokens, \
     suffix_for, template_format
-from pipeline.runtime.parse import gold_payload, parse_calls
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
@@ -72,29 +72,10 @@ def test_seam_tokens_split_where_the_committed_tokens_end(tok):
     assert seam_tokens(tok, [], "") == []
 
 
-def test_parse_calls_finds_fenced_tagged_and_bare_calls():
-    fenced = "Sure:\n```json\n" + json.dumps(CALL, indent=2) + "\n```"
-    tagged = "<tool_call>\n" + json.dumps({"name": "calculate", "arguments": json.dumps({"expression": "1+1"})}) + \
-        "\n</tool_call>"
-    bare = json.dumps([{"function": {"name": "calculate", "parameters": {}}}])
-    assert parse_calls(fenced) == [CALL]
-    assert parse_calls(tagged) == [{"name": "calculate", "arguments": {"expression": "1+1"}}]
-    assert parse_calls(bare) == [{"name": "calculate", "arguments": {}}]
-    assert parse_calls("no call {here}") == [] and parse_calls('{"name": "x", "arguments": "not json"}') == []
+def test_gold_payload_is_the_first_gold_call():
     assert gold_payload({"tools": TOOLS, "gold": [{"name": "calculate", "arguments": {"expression": "2"}}]}) == {
         "tool_index": 1, "arguments": {"expression": "2"}}
     assert gold_payload({"tools": TOOLS, "gold": []}) is None
-
-
-def test_lenient_parse_repairs_bare_words_and_cut_off_calls():
-    from pipeline.runtime.parse import parse_lenient
-
-    bare = '```json\n{\n  "name": "f",\n  "arguments": {\n    "session": jdbcSession,\n    "ok": true\n  }\n}\n```'
-    assert parse_calls(bare) == [] and parse_lenient(bare) == [
-        {"name": "f", "arguments": {"session": "jdbcSession", "ok": True}}]
-    cut = '```json\n{\n  "name": "f",\n  "arguments": {\n    "a": [1, 2],\n    "b": "long val'
-    assert parse_lenient(cut) == [{"name": "f", "arguments": {"a": [1, 2]}}]  # the last complete member, closed
-    assert parse_lenient("no call here") == []
 
 
 # --- the hint drafter in the loop: every tool's draft, partial drafts, lossless ----------------------------------

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pipeline.runtime import Sidecar, Target, generate
-from pipeline.runtime.parse import gold_payload
+from pipeline.payload import gold_payload
 
 STEPS = 300
 MAX = 200  # new tokens: the tiny tokenizer spends many on free text

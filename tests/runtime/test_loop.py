@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.runtime import METHODS, Ready, Sidecar, generate
 from pipeline.runtime.drafters import History
-from pipeline.runtime.parse import gold_payload
+from pipeline.payload import gold_payload
 from pipeline.runtime.replay import ReplayTarget
 from pipeline.testing import tiny_target
 
@@ -178,3 +178,26 @@ def test_replay_partly_right_hint_rejoins_after_the_wrong_values(tok, requests):
     starts = [sum(partly.stats.accepted[:i]) for i in range(len(partly.stats.accepted))]
     # after the target wrote its own value (3, not 5), the hint re-joins: the rest comes in long rounds
     assert any(s >= diverged and a >= 10 for s, a in zip(starts, partly.stats.accepted))
+
+
+def test_warm_up_runs_every_decode_and_waits_for_every_sidecar_then_forgets_the_run(targets, requests):
+    """The one warm-up the eval's runner and the server share: no history or statistics survive it."""
+    from pipeline.runtime import warm_up
+
+    target, req = targets["qwen2"], requests[0]
+    ran, answered = [], []
+
+    class Spy:  # what warm-up asks of each sidecar: one wave for the request, waited for
+        def __init__(self, inner):
+            self.inner = inner
+
+        def start(self, request):
+            pending = self.inner.start(request)
+            return type("P", (), {"wait": lambda _: answered.append(pending.wait()) or answered[-1]})()
+
+    with Sidecar(gold_payload, timeout_s=10) as sidecar:
+        warm_up(target, req, [lambda: ran.append(generate(target, req, "toolspec", max_new_tokens=8)),
+                              lambda: ran.append(generate(target, req, "ooo", sidecar=sidecar, max_new_tokens=8))],
+                [Spy(sidecar), None])
+    assert [r.stats.method for r in ran] == ["toolspec", "ooo"] and answered == [gold_payload(req)]
+    assert not target.histories and not target.budgets  # warm-up never drafts for the first measured request

@@ -91,7 +91,7 @@ def test_parallel_tool_calls_false_and_no_tools():
     text = CALL_TEXTS[1]
     assert [c.name for c in view(text, final=True, max_calls=1).calls] == ["a"]
     assert streamed(text, list(range(len(text))), max_calls=1)[1] == [("a", '{"x":1}')]
-    assert view(text, final=True, parse_calls=False).content == text
+    assert view(text, final=True, find_calls=False).content == text
 
 
 def test_cut_multibyte_character_waits():

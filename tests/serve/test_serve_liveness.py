@@ -9,7 +9,7 @@ import time
 import httpx
 
 from pipeline.runtime import Sidecar
-from pipeline.runtime.parse import gold_payload
+from pipeline.payload import gold_payload
 from pipeline.serve import Engine
 
 

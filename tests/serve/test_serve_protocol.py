@@ -32,9 +32,9 @@ def test_request_becomes_canonical():
     assert c.request["messages"][0] == {"role": "system", "content": "be brief"}
     assert c.request["messages"][2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert c.request["messages"][3]["tool_call_id"] == "call_1"
-    assert c.request["tools"] == TOOLS and c.max_tokens == 7 and c.tool_choice == "auto" and c.parse_calls
+    assert c.request["tools"] == TOOLS and c.max_tokens == 7 and c.tool_choice == "auto" and c.find_calls
     none = chat(tools=TOOLS, tool_choice="none")
-    assert none.request["tools"] == [] and not none.parse_calls
+    assert none.request["tools"] == [] and not none.find_calls
 
 
 @pytest.mark.parametrize("body, status, needle", [

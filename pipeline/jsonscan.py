@@ -6,6 +6,11 @@ text-level matching fails at the first whitespace. `scan(text)` reads the output
 the container stack (which keys are written, which key's value is being written), the lexical state, the partial
 token, the whitespace written since the last significant character, the text before the JSON (the call opening),
 and the `Style` the output has shown (indent, separator after `:` and after `,`, inline or broken arrays).
+
+It is the project's one incremental JSON scanner: the runtime's drafters use `scan` (tolerant: a bare word some
+targets write as a value, `"session": jdbcSession`, keeps the structure going), the server's streaming call view and
+the parsers' repair of a cut-off call use `read_value` (one value from a given `{` / `[`, strict JSON unless told
+otherwise). Both record where every value starts and ends (`Node`), so a caller can cut a member's text out.
 """
 
 from __future__ import annotations
@@ -54,9 +59,20 @@ class Style:
         return out
 
 
-@dataclass
-class Frame:
-    kind: str                                           # "{" or "["
+@dataclass(eq=False)
+class Node:
+    """A JSON value as far as the text goes: kind "{", "[", '"' (string) or "s" (number / literal / bare word)."""
+
+    kind: str
+    start: int = 0                                      # index of its first character in the scanned text
+    end: int | None = None                              # exclusive; None while the value is not closed
+    members: list = field(default_factory=list)         # container: [(key or None, Node)] in text order
+
+
+@dataclass(eq=False)
+class Frame(Node):
+    """An open (or closed) container: a `Node` that also keeps what the drafters ask about it."""
+
     keys: list[str] = field(default_factory=list)       # object: keys begun, in order (the last is current)
     count: int = 0                                      # array: elements begun
     values: dict = field(default_factory=dict)          # completed scalar values by key / index
@@ -79,6 +95,11 @@ class JsonPos:
     suffix: str = ""               # text after the last closed JSON value
     style: Style = field(default_factory=Style)
     calls: int = 0                 # top-level values closed so far
+    root: Frame | None = None      # the current (or last) top-level value
+    stop: int | None = None        # state "invalid": where the text stopped being JSON
+    token_start: int = 0           # where the unfinished key / scalar began
+    node: Node | None = None       # the scalar being written
+    strict: bool = False           # a bare word is invalid (not a value)
 
     def path(self) -> list:
         return [f.member() for f in self.stack]
@@ -96,19 +117,39 @@ def _json_start(text: str, i: int) -> bool:
 
 def scan(text: str) -> JsonPos:
     """Scan `text` (the output so far) and return the position of its end inside the last JSON value."""
-    pos = JsonPos()
+    return _run(JsonPos(), text, 0, single=False)
+
+
+def read_value(text: str, i: int, strict: bool = True) -> tuple[Frame, int | None]:
+    """The JSON container opening at text[i] read as far as the text goes (its `Node` tree), and where it stopped
+    being JSON (None when it is JSON as far as it goes, closed or not). `strict=False` reads bare words as values."""
+    pos = scan_value(text, i, strict)
+    return pos.root, pos.stop
+
+
+def scan_value(text: str, i: int, strict: bool = True) -> JsonPos:
+    """The position after reading the one JSON container that opens at text[i] (state "done" once it closed)."""
+    if text[i:i + 1] not in ("{", "["):
+        raise ValueError(f"read_value: text[{i}] is {text[i:i + 1]!r}, not '{{' or '['")
+    pos = JsonPos(strict=strict)
+    _open(pos, text[i], i)
+    return _run(pos, text, i + 1, single=True)
+
+
+def _run(pos: JsonPos, text: str, i: int, single: bool) -> JsonPos:
     start = 0
     esc = False
     n = len(text)
-    i = 0
     while i < n:
         c = text[i]
         st = pos.state
         if st in ("start", "done"):
+            if single:
+                break
             if c in "{[" and _json_start(text, i):
                 style = pos.style
-                pos = JsonPos(prefix=text[start:i], style=style, calls=pos.calls)
-                _open(pos, c)
+                pos = JsonPos(prefix=text[start:i], style=style, calls=pos.calls, strict=pos.strict)
+                _open(pos, c, i)
             elif st == "done":
                 pos.suffix += c
             i += 1
@@ -122,7 +163,7 @@ def scan(text: str) -> JsonPos:
             elif c == "\\":
                 esc = True
             elif c == '"':
-                _close_token(pos)
+                _close_token(pos, i + 1)
             i += 1
             continue
         if st == "in_value":  # number or literal
@@ -130,7 +171,7 @@ def scan(text: str) -> JsonPos:
                 pos.partial += c
                 i += 1
                 continue
-            _close_token(pos)
+            _close_token(pos, i)
             if pos.state == "invalid":
                 break
             continue  # re-read c in state "after"
@@ -138,15 +179,25 @@ def scan(text: str) -> JsonPos:
             pos.ws += c
             i += 1
             continue
-        _significant(pos, c)
+        _significant(pos, c, i)
         if pos.state == "done":
             start = i + 1
         i += 1
     return pos
 
 
-def _open(pos: JsonPos, c: str) -> None:
-    pos.stack.append(Frame(c))
+def _invalid(pos: JsonPos, at: int) -> None:
+    pos.state, pos.stop = "invalid", at
+
+
+def _open(pos: JsonPos, c: str, i: int) -> None:
+    frame = Frame(c, i)
+    if pos.stack:
+        top = pos.stack[-1]
+        top.members.append((top.keys[-1] if top.kind == "{" and top.keys else None, frame))
+    else:
+        pos.root = frame
+    pos.stack.append(frame)
     pos.state = "key" if c == "{" else "value"
     pos.last, pos.ws = c, ""
 
@@ -172,68 +223,75 @@ def _learn_ws(pos: JsonPos, c: str) -> None:
         st.comma = ws
 
 
-def _significant(pos: JsonPos, c: str) -> None:
+def _significant(pos: JsonPos, c: str, i: int) -> None:
     st = pos.state
     _learn_ws(pos, c)
     top = pos.stack[-1]
     if st == "key":
         if c == '"':
-            pos.state, pos.partial = "in_key", c
+            pos.state, pos.partial, pos.token_start = "in_key", c, i
         elif c == "}" and pos.last == "{":
-            _close_container(pos, c)
+            _close_container(pos, c, i)
             return
         else:
-            pos.state = "invalid"
+            _invalid(pos, i)
     elif st == "colon":
-        pos.state = "value" if c == ":" else "invalid"
+        if c == ":":
+            pos.state = "value"
+        else:
+            _invalid(pos, i)
     elif st == "value":
         if top.kind == "[" and pos.last in "[,":
             if c == "]" and pos.last == "[":
-                _close_container(pos, c)
+                _close_container(pos, c, i)
                 return
             top.count += 1
         if c in "{[":
-            _open(pos, c)
+            _open(pos, c, i)
             return
         if c == '"' or c in SCALAR_START or c.isalpha() or c in "_$":
-            pos.state, pos.partial = "in_value", c
+            pos.state, pos.partial, pos.token_start = "in_value", c, i
+            pos.node = Node('"' if c == '"' else "s", i)
+            top.members.append((top.keys[-1] if top.kind == "{" else None, pos.node))
         else:
-            pos.state = "invalid"
+            _invalid(pos, i)
     elif st == "after":
         if c == ",":
             pos.state = "key" if top.kind == "{" else "value"
         elif c == "}]"[top.kind == "["]:
-            _close_container(pos, c)
+            _close_container(pos, c, i)
             return
         else:
-            pos.state = "invalid"
+            _invalid(pos, i)
     pos.last, pos.ws = c, ""
 
 
-def _close_token(pos: JsonPos) -> None:
+def _close_token(pos: JsonPos, end: int) -> None:
+    """The key or scalar in `pos.partial` ends before text[end]."""
     raw, pos.partial = pos.partial, ""
     try:
         value = json.loads(raw)
     except ValueError:
-        if raw[:1] == '"' or pos.state == "in_key":
-            pos.state = "invalid"
+        if raw[:1] == '"' or pos.state == "in_key" or pos.strict:
+            _invalid(pos, pos.token_start)
             return
         value = raw  # a bare word (`"session": jdbcSession`): not JSON, but the structure goes on
     top = pos.stack[-1]
     if pos.state == "in_key":
         if not isinstance(value, str):
-            pos.state = "invalid"
+            _invalid(pos, pos.token_start)
             return
         top.keys.append(value)
         pos.state = "colon"
     else:
         top.values[top.member()] = value
+        pos.node.end, pos.node = end, None
         pos.state = "after"
     pos.last, pos.ws = raw[-1], ""
 
 
-def _close_container(pos: JsonPos, c: str) -> None:
-    pos.stack.pop()
+def _close_container(pos: JsonPos, c: str, i: int) -> None:
+    pos.stack.pop().end = i + 1
     pos.last, pos.ws = c, ""
     if pos.stack:
         pos.state = "after"

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.runtime.continuation import Arr, Choice, Obj, Open, continue_at
 from pipeline.runtime.drafters import skeleton
-from pipeline.runtime.jsonstate import Style, scan
+from pipeline.jsonscan import Style, read_value, scan
 
 CALL = {"name": "book_hotel", "arguments": {"hotel": "Grand \"Ritz\" Zürich", "nights": 3, "guests": ["Ann", "Bob"],
                                             "options": {"breakfast": True, "view": "sea", "extra": None},
@@ -118,3 +118,45 @@ def test_schema_machine_proposes_scaffolding_and_never_values():
     assert conts[0].startswith('ity"\n    }') and not any(c.startswith("ea") for c in conts)  # enum completion
     out += 'ity"\n    },\n    "guests": ["Ann", '
     assert _continuations(out, call)[0] == '"'  # an array item of strings opens with a quote
+
+
+# --- read_value: one value from a given opener, with spans (the server's streaming call view reads with it) --------
+
+def test_read_value_records_spans_of_every_member():
+    text = 'x {"name": "f", "arguments": {"a": [1, "two"], "b": null}} tail'
+    root, stop = read_value(text, 2)
+    assert stop is None and (root.start, root.end) == (2, text.index(" tail"))
+    (k1, name), (k2, args) = root.members
+    assert (k1, name.kind, text[name.start:name.end]) == ("name", '"', '"f"')
+    assert (k2, args.kind, text[args.start:args.end]) == ("arguments", "{", '{"a": [1, "two"], "b": null}')
+    (ka, arr), (kb, nul) = args.members
+    assert ka == "a" and [text[n.start:n.end] for _, n in arr.members] == ["1", '"two"'] and [k for k, _ in arr.members] == [None, None]
+    assert (kb, nul.kind, text[nul.start:nul.end]) == ("b", "s", "null")
+
+
+def test_read_value_stops_where_the_text_stops_being_json():
+    text = '{"a": 1, "b": bare, "c": 2}'
+    root, stop = read_value(text, 0)
+    assert stop == text.index("bare") and root.end is None  # strict: a bare word is not JSON
+    root, stop = read_value(text, 0, strict=False)
+    assert stop is None and root.end == len(text)  # tolerant (what the drafters' scan does): the structure goes on
+    for bad, at in [('{"a" 1}', 5), ('{"a": 1,}', 8), ('[1,]', 3), ('{"a": }', 6), ('{"a": "x\\q"}', 6)]:
+        assert read_value(bad, 0)[1] == at, bad
+
+
+def test_read_value_leaves_unfinished_values_open():
+    for text in ['{"name": "f", "arguments": {"q": "Par', '{"n": 12', '[tr', '{"a": [1, {"b"']:
+        root, stop = read_value(text, 0)
+        assert stop is None and root.end is None, text
+    root, _ = read_value('{"n": 12', 0)
+    assert root.members[0][1].end is None  # a number at the end of the text may still grow
+    with pytest.raises(ValueError, match="not"):
+        read_value("abc", 0)
+
+
+def test_read_value_reads_one_value_and_scan_finds_the_same_structure():
+    text = '{"a": {"b": [1, 2]}} {"c": 3}'
+    root, stop = read_value(text, 0)
+    assert stop is None and root.end == text.index("} {") + 1 and len(root.members) == 1
+    pos = scan(text)  # scan goes on to the last value and keeps its spans too
+    assert pos.state == "done" and pos.root.start == text.rindex("{") and pos.root.end == len(text)
