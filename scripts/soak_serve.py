@@ -20,7 +20,6 @@ be 0), hung (no answer within --hang-s: must be 0). It also checks that answers 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -182,8 +181,9 @@ def metrics_totals(text: str) -> dict:
             if s.name == "ooo_requests_total"}
 
 
-def ar_equal(recipe: dict, answers: dict[str, dict], tools: list, limit: int) -> tuple[int, int]:
-    """How many replayed plain answers equal the same model's `ar` answer in this process."""
+def ar_equal(recipe: dict, answers: dict[str, dict], tools: list, limit: int, max_tokens: int) -> tuple[int, int]:
+    """How many replayed plain answers equal the same model's `ar` answer in this process, with the clients'
+    `max_tokens` (a call cut off there is compared as the server sends it: its incomplete arguments text)."""
     from pipeline.runtime import Target, generate
     from pipeline.serve.calls import view
 
@@ -192,12 +192,15 @@ def ar_equal(recipe: dict, answers: dict[str, dict], tools: list, limit: int) ->
     same = total = 0
     for prompt, message in list(answers.items())[:limit]:
         req = {"id": f"soak-{total}", "messages": [{"role": "user", "content": prompt}], "tools": tools}
-        text = generate(target, req, "ar", max_new_tokens=serve.get("max_tokens", 256)).text
+        text = generate(target, req, "ar", max_new_tokens=max_tokens).text
         ref = view(text, final=True, find_calls=True)
-        got_calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-                     for c in message.get("tool_calls") or []]
-        want_calls = [(c.name, json.loads(c.arguments)) for c in ref.calls]
-        same += got_calls == want_calls and (message.get("content") or None) == (ref.content or None)
+        got_calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+        want_calls = [(c.name, c.arguments) for c in ref.calls]
+        equal = got_calls == want_calls and (message.get("content") or None) == (ref.content or None)
+        if not equal:
+            print(f"  not equal to ar for {prompt!r}:\n    served  {message.get('content')!r} {got_calls}\n"
+                  f"    ar      {ref.content!r} {want_calls}\n    ar text {text!r}", flush=True)
+        same += equal
         total += 1
     return same, total
 
@@ -272,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
-    same, replayed = ar_equal(recipe, soak.answers, tools, args.replay)
+    same, replayed = ar_equal(recipe, soak.answers, tools, args.replay, args.max_tokens)
     o = soak.outcomes
     lat = sorted(soak.latency)
     q = (lambda p: lat[min(len(lat) - 1, int(p * len(lat)))]) if lat else (lambda p: float("nan"))  # noqa: E731
