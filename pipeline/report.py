@@ -31,10 +31,12 @@ METHOD_ORDER = list(METHOD_TABLE) + list(PEERS)
 BUSY_FOREIGN_CORES = 0.3  # other processes' CPU over a row, in cores: more means it shared the machine
 BUSY_STEAL_CORES = 0.1    # CPU the hypervisor took away, in cores
 PREFILL_RULE = ("Prefill: variants that prefill the same prompt on the same threads with no wave beside them (ar, pld, "
-                "toolspec, ooo-oracle, hf-pld, hf-assisted) share one measured prefill per request (the KV restored, "
-                "its seconds charged to each); ooo variants prefill themselves beside their wave. Every method, the "
-                "transformers peers included, reads the same prefix cache (never a request's own prompt). hf-assisted's "
-                "decode includes its draft model's own prompt pass.")
+                "toolspec, ooo-oracle) share one measured prefill per request (the KV restored, its seconds charged "
+                "to each) and read the same prefix cache (never a request's own prompt); ooo variants prefill "
+                "themselves beside their wave. The transformers peers (hf-pld, hf-assisted) prefill the whole prompt "
+                "themselves without the prefix cache (transformers' candidate generation does not continue from a "
+                "prefilled cache), so their end-to-end ratios are marked 'no prefix cache'; compare their decode "
+                "ratios. hf-assisted's decode includes its draft model's own prompt pass.")
 
 
 def busy(row: dict) -> str | None:
@@ -139,7 +141,8 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
             mrows = by_variant[v]
             common = sorted(set(mrows) & set(ar))
             m = {"requests": len(mrows), "schedule": next(iter(mrows.values())).get("schedule", "all-cores"),
-                 "upper_bound": upper_bound(v)}
+                 "upper_bound": upper_bound(v),
+                 "no_prefix_cache": any(r.get("prefix_cache") is False for r in mrows.values())}
             new = sum(r["new_tokens"] for r in mrows.values())
             fwd = sum(r["forwards"] for r in mrows.values())
             m["mean_accepted"] = round(new / fwd, 3) if fwd else None
@@ -199,6 +202,11 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
                 m["sidecar_cpu_s_mean"] = round(statistics.fmean(cpu), 3) if cpu else None
                 first = [r["first_value_s"] for r in ar.values() if r.get("first_value_s") is not None]
                 m["first_value_s_median"] = round(statistics.median(first), 3) if first else None
+                paired = [(r.get("hint_ready_s"), ar[i]["first_value_s"]) for i, r in mrows.items()
+                          if i in ar and ar[i].get("first_value_s") is not None]
+                m["hint_before_first_value"] = round(sum(ready is not None and ready <= first
+                                                         for ready, first in paired) / len(paired), 4) \
+                    if paired else None  # the wave answered before `ar` of the same request began its first value
             cell["methods"][v] = m
         out["cells"].append(cell)
     out["mean_over_cells"] = {v: round(statistics.fmean(x), 3) for v, x in per_variant.items()}
@@ -250,7 +258,8 @@ def to_markdown(summary: dict, title: str = "") -> str:
              "|" + "---|" * 10]
     for cell in summary["cells"]:
         for v, m in cell["methods"].items():
-            name = f"{v} *(upper bound)*" if m.get("upper_bound") else v
+            name = f"{v} *(upper bound)*" if m.get("upper_bound") else \
+                f"{v} *(no prefix cache)*" if m.get("no_prefix_cache") else v
             lines.append(f"| {cell['target']} | {cell['benchmark']} | {name} | {m['requests']} | "
                          f"{_r(m.get('e2e_all'))} | {_r(m.get('decode_all'))} | {_r(m.get('decode_identical'))} | "
                          f"{fmt(m.get('mean_accepted'))} | {fmt(m.get('tree_size_mean'), '{:.1f}')} | "
@@ -259,7 +268,8 @@ def to_markdown(summary: dict, title: str = "") -> str:
               "| target | benchmark | variant | vs toolspec, end to end | vs toolspec, decode | vs hf-assisted, end "
               "to end | vs hf-assisted, decode | hint-only share of accepted draft tokens (any hint) "
               "| other-tool hint tokens | hint outcomes | rejection reasons | hint ready (median s) "
-              "| first value (median s) | sidecar CPU s/request | payload bytes |", "|" + "---|" * 15]
+              "| first value (median s) | hint ready before the first value | sidecar CPU s/request "
+              "| payload bytes |", "|" + "---|" * 16]
     for cell in summary["cells"]:
         for v, m in cell["methods"].items():
             if "hint_outcomes" not in m:
@@ -272,7 +282,8 @@ def to_markdown(summary: dict, title: str = "") -> str:
                          f"({fmt(m.get('hint_shared_share_of_draft'), '{:.0%}')}) | "
                          f"{m.get('hint_other_tool_tokens', 0)} | {outcomes} | {reasons} | "
                          f"{fmt(m.get('hint_ready_s_median'))} | {fmt(m.get('first_value_s_median'))} | "
-                         f"{fmt(m.get('sidecar_cpu_s_mean'))} | {fmt(m.get('payload_bytes_mean'), '{:.0f}')} |")
+                         f"{fmt(m.get('hint_before_first_value'), '{:.0%}')} | {fmt(m.get('sidecar_cpu_s_mean'))} | "
+                         f"{fmt(m.get('payload_bytes_mean'), '{:.0f}')} |")
     lines += ["", "## Prefix cache (ar rows)", "", "| target | benchmark | requests | prompt tokens | from the cache "
               "| share | ar prefill mean s |", "|---|---|---|---|---|---|---|"]
     for p in summary.get("prefix_cache", []):
@@ -292,8 +303,10 @@ def to_markdown(summary: dict, title: str = "") -> str:
                      f"{cell.get('call_accuracy_n', 0)} |")
     lines += ["", "## Mean over cells (unweighted, as the paper reports)", "",
               "| variant | mean end to end | mean decode |", "|---|---|---|"]
+    uncached = {v for c in summary["cells"] for v, m in c["methods"].items() if m.get("no_prefix_cache")}
     for v in _sorted_methods(summary["mean_over_cells"]):
-        lines.append(f"| {v} | {summary['mean_over_cells'][v]:.2f}x | "
+        name = f"{v} *(no prefix cache)*" if v in uncached else v
+        lines.append(f"| {name} | {summary['mean_over_cells'][v]:.2f}x | "
                      f"{fmt(summary.get('mean_decode_over_cells', {}).get(v), '{:.2f}x')} |")
     for v, x in summary.get("upper_bounds", {}).items():
         lines.append(f"| {v} *(upper bound, not a method)* | {x:.2f}x | - |")
@@ -312,8 +325,8 @@ def to_csv(summary: dict) -> str:
     fields = ["target", "benchmark", "variant", "schedule", "upper_bound", "requests", "e2e", "e2e_ci_low",
               "e2e_ci_high", "decode", "decode_ci_low", "decode_ci_high", "decode_identical", "mean_accepted",
               "tree_size_mean", "identical_to_ar", "vs_toolspec_decode", "hint_share_of_draft",
-              "hint_other_tool_tokens", "hint_ready_s_median", "sidecar_cpu_s_mean", "payload_bytes_mean",
-              "call_accuracy"]
+              "hint_other_tool_tokens", "hint_ready_s_median", "hint_before_first_value", "sidecar_cpu_s_mean",
+              "payload_bytes_mean", "call_accuracy"]
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
     for cell in summary["cells"]:
@@ -331,6 +344,7 @@ def to_csv(summary: dict) -> str:
                         "hint_share_of_draft": m.get("hint_share_of_draft"),
                         "hint_other_tool_tokens": m.get("hint_other_tool_tokens"),
                         "hint_ready_s_median": m.get("hint_ready_s_median"),
+                        "hint_before_first_value": m.get("hint_before_first_value"),
                         "sidecar_cpu_s_mean": m.get("sidecar_cpu_s_mean"),
                         "payload_bytes_mean": m.get("payload_bytes_mean"), "call_accuracy": cell.get("call_accuracy")})
     return buf.getvalue()

@@ -8,12 +8,14 @@ The protocol, so that a speedup can be trusted:
   masks, `generate` set-up and the sidecar's model load are nobody's);
 - **shuffled**: the variants run in an order shuffled per request with a fixed seed;
 - **one clock**: every variant is timed from the request's arrival (templating and tokenization included) to its
-  last token; prefill and decode are split where the prompt's forward ends (for the transformers peers, at the end
-  of the prompt's forward);
+  last token; prefill and decode are split where the prompt's forward ends (for the transformers peers, at their
+  first new token);
 - **prefill once**: variants that prefill the same prompt on the same threads with no wave beside them (`ar`, `pld`,
-  `toolspec`, `ooo-oracle`, the transformers peers) share one measured prefill per request (its KV restored, its
-  seconds and CPU seconds charged to each); `ooo` variants prefill themselves. The peers continue `generate` from the
-  runtime's prompt cache, so every method gets the same prefix cache, which never offers a request its own prompt;
+  `toolspec`, `ooo-oracle`) share one measured prefill per request (its KV restored, its seconds and CPU seconds
+  charged to each) and the same prefix cache, which never offers a request its own prompt; `ooo` variants prefill
+  themselves beside their wave. The transformers peers prefill the whole prompt themselves, without the prefix
+  cache (their candidate generation does not continue from a prefilled cache: `HFPeers.generate`); their rows say
+  `prefix_cache: false` and the report marks their end-to-end ratios;
 - **busy rows**: each row records the machine's load, steal and busy CPU seconds around it (`measured`), so the
   report can flag rows that shared the cores with another job;
 - `ooo-oracle`'s hint is the same request's `ar` output (`ar` runs first when the shuffle put it later).
@@ -93,22 +95,26 @@ class HFPeers:
     def _count(self) -> None:
         self.forwards += 1
 
-    def generate(self, request: dict, method: str, max_new_tokens: int, reuse_prefill: bool = False) -> dict:
-        """The peer on `request`. Its prefill is the runtime's (`Target.prefill`: the same prefix cache, and with
-        `reuse_prefill` the request's measured prefill): `generate` then continues from that cache, so the peers'
-        first forward is the prompt's last token, as the runtime's first round is."""
+    def generate(self, request: dict, method: str, max_new_tokens: int) -> dict:
+        """The peer on `request`, from the whole prompt: its own prefill, without the runtime's prefix cache.
+
+        transformers' candidate-based generation (prompt lookup, assisted) does not continue correctly from a cache
+        filled beforehand: with the runtime's prefilled cache (or a plain DynamicCache of the prompt) its output
+        differs from greedy decoding from the first token (transformers 5.25; plain `generate` continues fine, and
+        tests/stages/test_eval.py checks the peers against `ar` on a context-sensitive target). So the peers pay a
+        whole prefill; the row says so (`prefix_cache: false`) and the report marks their end-to-end ratios. The
+        prefill is timed to the first new token (a streamer), the decode from there on."""
         import torch
 
         t0 = time.perf_counter()  # the request arrives: templating and tokenization are timed, as for the runtime
+        c0 = time.process_time()
         prompt = self.target.prompt_ids(request)
-        prefill = self.target.prefill(prompt[:-1], key=request.get("id"), reuse=reuse_prefill)
-        done = self.target.last_prefill
-        shift = prefill - done["spent"]
         ids = torch.tensor([prompt], device=self.target.device)
         stops = sorted(self.target.stop_ids)
+        first = _FirstToken()
         kw = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
                   eos_token_id=stops, pad_token_id=self.target.tokenizer.pad_token_id or stops[0],
-                  attention_mask=torch.ones_like(ids), cache=self.target.cache)
+                  attention_mask=torch.ones_like(ids), streamer=first)
         if method == "hf-pld":
             kw["prompt_lookup_num_tokens"] = self.pld_tokens
         elif method == "hf-assisted":
@@ -119,16 +125,32 @@ class HFPeers:
                 kw["tokenizer"] = self.target.tokenizer
                 kw["assistant_tokenizer"] = self.assistant_tok
         self.forwards = 0
-        t_decode, c_decode = time.perf_counter(), time.process_time()
         with torch.no_grad():
             out = self.target.model.generate(ids, **kw)
-        end = time.perf_counter()
+        end, c_end = time.perf_counter(), time.process_time()
+        t_first = first.at if first.at is not None else end
+        c_first = first.cpu if first.cpu is not None else c_end
         new = out[0, len(prompt):].tolist()
         return {"token_ids": new, "text": self.target.decode([t for t in new if t not in self.target.stop_ids]),
-                "wall_s": end - t0 + shift, "prefill_s": prefill, "decode_s": end - t_decode,
-                "prefill_cpu_s": done["cpu_s"], "decode_cpu_s": time.process_time() - c_decode,
-                "prefill_reused": done["reused"], "cached_tokens": self.target.cached_tokens,
+                "wall_s": end - t0, "prefill_s": t_first - t0, "decode_s": end - t_first,
+                "prefill_cpu_s": c_first - c0, "decode_cpu_s": c_end - c_first,
+                "prefill_reused": False, "cached_tokens": 0, "prefix_cache": False,
                 "forwards": max(self.forwards, 1), "new_tokens": len(new), "prompt_tokens": len(prompt)}
+
+
+class _FirstToken:
+    """A `generate` streamer that notes when the first new token came out (the prompt is its first `put`)."""
+
+    def __init__(self):
+        self.puts, self.at, self.cpu = 0, None, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.at, self.cpu = time.perf_counter(), time.process_time()
+
+    def end(self) -> None:
+        pass
 
 
 def worker_cpu_s(sidecar) -> float | None:
@@ -202,7 +224,7 @@ class Runner:
         self.target.set_threads(sched.threads(None))
         reuse = self.prefill_once and not (method in METHOD_TABLE and METHOD_TABLE[method].sidecar)
         if method in PEERS:
-            return self.peers.generate(request, method, max_new_tokens, reuse_prefill=reuse)
+            return self.peers.generate(request, method, max_new_tokens)
         return generate(self.target, request, method, sidecar=self.sidecar_for(schedule),
                         oracle=ar if method == "ooo-oracle" else None, max_new_tokens=max_new_tokens,
                         schedule=sched, tree_budget=self.tree_budget, variant=variant(method, schedule),
@@ -251,7 +273,7 @@ class Runner:
                            prefill_s=out["prefill_s"], decode_s=out["decode_s"], wall_s=out["wall_s"],
                            prefill_cpu_s=out["prefill_cpu_s"], decode_cpu_s=out["decode_cpu_s"],
                            prefill_reused=out["prefill_reused"], prompt_tokens=out["prompt_tokens"],
-                           cached_tokens=out["cached_tokens"])
+                           cached_tokens=out["cached_tokens"], prefix_cache=out["prefix_cache"])
             else:
                 st = out.stats
                 if method == "ar":

@@ -70,6 +70,8 @@ def test_upper_bound_kept_out_of_the_mean_and_hint_outcomes_counted():
     split = s["cells"][0]["methods"]["ooo@split"]
     assert split["hint_outcomes"] == {"late": 0.5, "rejected": 0.5} and split["schedule"] == "split"
     assert split["vs_toolspec_decode"]["ratio"] == pytest.approx(1.0)
+    # the wave answered before ar began its first value: never for split here, for both requests of ooo
+    assert split["hint_before_first_value"] == 0.0 and s["cells"][0]["methods"]["ooo"]["hint_before_first_value"] == 1.0
     assert s["cells"][0]["methods"]["ooo"]["vs_toolspec_decode"]["ratio"] == pytest.approx(5 / 3, abs=1e-3)
     md = to_markdown(s)
     assert "ooo-oracle *(upper bound)*" in md and "arguments do not fit the schema" in md

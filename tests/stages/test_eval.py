@@ -77,7 +77,8 @@ def test_eval_all_methods_then_resume(setup):
 
 def test_prefill_once_per_request_and_threads(setup):
     """Variants doing the same prefill work share one measured prefill per request (restored KV, charged seconds);
-    `ooo` prefills itself; a peer that would draft with the target itself is not run; output unchanged."""
+    `ooo` prefills itself, and so do the transformers peers (without the prefix cache); a peer that would draft with
+    the target itself is not run; output unchanged."""
     root = setup
     path = recipe(root, ["ar", "pld", "toolspec", "ooo", "ooo-oracle", "hf-pld", "hf-assisted"], run="once")
     text = json.loads(path.read_text())
@@ -88,8 +89,10 @@ def test_prefill_once_per_request_and_threads(setup):
     assert "hf-assisted" not in {r["method"] for r in rows}
     for rid in {r["request_id"] for r in rows}:
         mine = [r for r in rows if r["request_id"] == rid]
-        shared = [r for r in mine if r["schedule"] == "all-cores"]
-        assert len(shared) == 5 and sum(not r["prefill_reused"] for r in shared) == 1
+        shared = [r for r in mine if r["schedule"] == "all-cores" and not r["method"].startswith("hf-")]
+        assert len(shared) == 4 and sum(not r["prefill_reused"] for r in shared) == 1
+        peer = [r for r in mine if r["method"] == "hf-pld"]  # transformers' peers prefill the whole prompt themselves
+        assert len(peer) == 1 and peer[0]["prefix_cache"] is False and not peer[0]["prefill_reused"]
         assert len({r["prefill_s"] for r in shared}) == 1 and len({r["prefill_cpu_s"] for r in shared}) == 1
         assert len({r["cached_tokens"] for r in shared}) == 1
         assert all(not r["prefill_reused"] for r in mine if r["method"] == "ooo")
