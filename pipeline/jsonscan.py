@@ -130,7 +130,7 @@ def read_value(text: str, i: int, strict: bool = True) -> tuple[Frame, int | Non
 def scan_value(text: str, i: int, strict: bool = True) -> JsonPos:
     """The position after reading the one JSON container that opens at text[i] (state "done" once it closed)."""
     if text[i:i + 1] not in ("{", "["):
-        raise ValueError(f"read_value: text[{i}] is {text[i:i + 1]!r}, not '{{' or '['")
+        raise ValueError(f"scan_value: text[{i}] is {text[i:i + 1]!r}, not '{{' or '['")
     pos = JsonPos(strict=strict)
     _open(pos, text[i], i)
     return _run(pos, text, i + 1, single=True)
@@ -193,13 +193,17 @@ def _invalid(pos: JsonPos, at: int) -> None:
 def _open(pos: JsonPos, c: str, i: int) -> None:
     frame = Frame(c, i)
     if pos.stack:
-        top = pos.stack[-1]
-        top.members.append((top.keys[-1] if top.kind == "{" and top.keys else None, frame))
+        _add_member(pos.stack[-1], frame)
     else:
         pos.root = frame
     pos.stack.append(frame)
     pos.state = "key" if c == "{" else "value"
     pos.last, pos.ws = c, ""
+
+
+def _add_member(top: Frame, node: Node) -> None:
+    """`node` is the value of the key being written (object) or the next element (array) of `top`."""
+    top.members.append((top.keys[-1] if top.kind == "{" and top.keys else None, node))
 
 
 def _learn_ws(pos: JsonPos, c: str) -> None:
@@ -252,7 +256,7 @@ def _significant(pos: JsonPos, c: str, i: int) -> None:
         if c == '"' or c in SCALAR_START or c.isalpha() or c in "_$":
             pos.state, pos.partial, pos.token_start = "in_value", c, i
             pos.node = Node('"' if c == '"' else "s", i)
-            top.members.append((top.keys[-1] if top.kind == "{" else None, pos.node))
+            _add_member(top, pos.node)
         else:
             _invalid(pos, i)
     elif st == "after":

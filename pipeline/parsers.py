@@ -437,5 +437,6 @@ def normalise_arguments(args: dict, parameters: dict) -> tuple[dict, list[str]]:
     return normalise_object(args, parameters)
 
 
-__all__ = ["ARG_ALIASES", "Parsed", "parse_calls", "close_truncated", "parse_tags", "parse_fences", "parse_bare_json", "parse_api_request",
-           "parse_python_calls", "parse_api_bank_call", "as_call", "normalise_arguments", "normalise_value"]
+__all__ = ["ARG_ALIASES", "Parsed", "parse_calls", "close_truncated", "parse_tags", "parse_fences", "parse_bare_json",
+           "parse_api_request", "parse_python_calls", "parse_api_bank_call", "as_call", "normalise_arguments",
+           "normalise_value"]

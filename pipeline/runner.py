@@ -101,7 +101,7 @@ class HFPeers:
         transformers' candidate-based generation (prompt lookup, assisted) does not continue correctly from a cache
         filled beforehand: with the runtime's prefilled cache (or a plain DynamicCache of the prompt) its output
         differs from greedy decoding from the first token (transformers 5.25; plain `generate` continues fine, and
-        tests/stages/test_eval.py checks the peers against `ar` on a context-sensitive target). So the peers pay a
+        tests/test_runner.py checks the peers against `ar` on a context-sensitive target). So the peers pay a
         whole prefill; the row says so (`prefix_cache: false`) and the report marks their end-to-end ratios. The
         prefill is timed to the first new token (a streamer), the decode from there on."""
         import torch
