@@ -25,6 +25,7 @@ from tqdm import tqdm
 from ..hardware import available_cores, machine, resolve_dtype
 from ..artifacts import seal
 from ..io import InputError, ResumableJsonl, interrupt_on_sigterm, read_json, write_manifest
+from ..methods import METHOD_TABLE
 from ..recipes import load_recipe, section
 from ..requests import load_requests
 from ..runner import ALL_METHODS, PEERS, HFPeers, Runner, variant, variants
@@ -88,7 +89,9 @@ def run(cfg: dict, recipe: dict) -> Path:
         sidecar_kwargs(cfg["sidecar"], "eval.sidecar")
     requests = benchmark_requests(cfg)
     sc = cfg.get("sidecar") or None
-    writer = ResumableJsonl(run_dir / "rows.jsonl", key="key")
+    ident = sidecar_identity(sc) if sc and "ooo" in methods else None
+    # rows accumulate over sessions: a sidecar row made with another adapter (or an unrecorded one) is redone
+    writer = ResumableJsonl(run_dir / "rows.jsonl", key="key", redo=lambda row: stale_sidecar_row(row, ident))
     done = writer.rows()  # by key: a finished ar row is the oracle's hint
     inputs = [Path(cfg["requests_root"]) / b / f"{cfg['split']}.jsonl" for b in requests]
     old = run_dir / "manifest.json"  # rows accumulate over runs: keep the curves of targets measured before
@@ -131,7 +134,8 @@ def run(cfg: dict, recipe: dict) -> Path:
                          "dtype": mach.get("dtype"), "commit": git_commit()}
                 for bench, req in tqdm(todo, desc=f"eval {tname}", unit="req"):
                     for row in runner.run(bench, req, done):
-                        writer.write({**row, "machine": where})
+                        stamp = {"sidecar": ident} if uses_sidecar(row["method"]) else {}
+                        writer.write({**row, "machine": where, **stamp})
             finally:
                 runner.close()
     finally:
@@ -139,10 +143,23 @@ def run(cfg: dict, recipe: dict) -> Path:
         if decoded or not old.is_file():  # a run that decoded nothing keeps the manifest of the run that did
             write_manifest(run_dir, "eval", recipe, inputs,
                            extra={"machine": machine(dtype, cfg["threads"]), "cost_curves": curves,
-                                  "sidecar": sidecar_identity(sc) if "ooo" in methods else None,
+                                  "sidecar": ident,
                                   "git_commit": git_commit()})
         seal(run_dir)
     return run_dir
+
+
+def uses_sidecar(method: str) -> bool:
+    return method in METHOD_TABLE and METHOD_TABLE[method].sidecar
+
+
+def stale_sidecar_row(row: dict, ident: dict | None) -> bool:
+    """True for a row of a sidecar method whose adapter is not the recipe's (by the weights' sha256), or unrecorded:
+    its figures belong to another sidecar, so a resumed run measures it again. Rows of every other method stay."""
+    if not uses_sidecar(row.get("method", "")) or ident is None:
+        return False
+    made = row.get("sidecar") or {}
+    return made.get("adapter_sha256") != ident["adapter_sha256"] or made.get("model") != ident["model"]
 
 
 def target_methods(cfg: dict, tcfg: dict) -> list[str]:

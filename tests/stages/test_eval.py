@@ -74,6 +74,33 @@ def test_eval_all_methods_then_resume(setup):
     assert all(r["threads"] == cores for r in rows2)
     assert all(set(r.get("target_threads") or [cores]) == {cores} for r in rows2 if r["schedule"] == "all-cores")
 
+    # every sidecar row names its sidecar; a row made with another adapter is measured again, the rest stay
+    ident = json.loads((run_dir / "manifest.json").read_text())["sidecar"]
+    assert all(r["sidecar"] == ident for r in rows2 if r["method"] == "ooo")
+    assert all("sidecar" not in r for r in rows2 if r["method"] != "ooo")
+    stale = next(r for r in rows2 if r["variant"] == "ooo@adaptive")
+    lines = [json.dumps({**r, "sidecar": {**ident, "adapter_sha256": "0" * 64}}) if r is stale else json.dumps(r)
+             for r in rows2]
+    (run_dir / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    eval_stage.main(["--recipe", str(recipe(root, ["ar", "pld", "toolspec", "hf-pld", "hf-assisted", "ooo",
+                                                   "ooo-oracle"]))])
+    rows3 = {r["key"]: r for r in read_jsonl(run_dir / "rows.jsonl")}
+    assert len(rows3) == len(rows2) and rows3[stale["key"]]["sidecar"] == ident
+    assert rows3[stale["key"]]["wall_s"] != stale["wall_s"]  # measured again
+    assert all(rows3[r["key"]] == r for r in rows2 if r is not stale)
+
+
+def test_a_sidecar_row_is_stale_when_its_adapter_changed():
+    ident = {"model": "m", "adapter": "a", "adapter_sha256": "1" * 64}
+    ooo = {"method": "ooo", "sidecar": dict(ident)}
+    assert not eval_stage.stale_sidecar_row(ooo, ident)
+    assert eval_stage.stale_sidecar_row({**ooo, "sidecar": {**ident, "adapter_sha256": "2" * 64}}, ident)
+    assert eval_stage.stale_sidecar_row({**ooo, "sidecar": {**ident, "model": "other"}}, ident)
+    assert eval_stage.stale_sidecar_row({"method": "ooo"}, ident)  # unrecorded: measured again
+    assert not eval_stage.stale_sidecar_row({"method": "ar"}, ident)
+    assert not eval_stage.stale_sidecar_row({"method": "ooo-oracle"}, ident)  # its hint is ar's text, no sidecar
+    assert not eval_stage.stale_sidecar_row({"method": "ooo"}, None)  # a run without ooo keeps every row
+
 
 def test_prefill_once_per_request_and_threads(setup):
     """Variants doing the same prefill work share one measured prefill per request (restored KV, charged seconds);
