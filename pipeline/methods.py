@@ -53,6 +53,11 @@ def upper_bound(name: str) -> bool:
     return method in METHOD_TABLE and METHOD_TABLE[method].upper_bound
 
 
+def uses_sidecar(method: str) -> bool:
+    """Whether a method runs the sidecar's wave (its rows name the sidecar; it prefills beside the wave)."""
+    return method in METHOD_TABLE and METHOD_TABLE[method].sidecar
+
+
 def hint_outcome(error: str | None, ready_s: float | None, tokens: int | None) -> str:
     """What became of a request's hint: used (hint tokens accepted) / ready-unused / rejected (validation) / failed
     (sidecar error, timeout, crash, down) / late (not ready before the last round). The eval report and the server's

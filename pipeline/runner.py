@@ -33,7 +33,7 @@ import time
 
 from .hardware import cpu_sample, cpu_usage
 from .runtime import Sidecar, generate, warm_up
-from .methods import ALL_METHODS, METHOD_TABLE, PEERS, variant
+from .methods import ALL_METHODS, PEERS, uses_sidecar, variant
 from .runtime.schedule import Schedule
 
 
@@ -47,7 +47,7 @@ def variants(methods: list[str], schedules: list[str]) -> list[tuple[str, str]]:
     for m in methods:
         if m == "ar":
             continue
-        if m in METHOD_TABLE and METHOD_TABLE[m].sidecar:
+        if uses_sidecar(m):
             out += [(m, s) for s in schedules]
         else:
             out.append((m, "all-cores"))
@@ -191,7 +191,7 @@ class Runner:
         if prefill_once:
             target.memo = PrefillMemo()
         self.sidecars: dict[str, Sidecar] = {}
-        needs = [s for m, s in self.variants if m in METHOD_TABLE and METHOD_TABLE[m].sidecar]
+        needs = [s for m, s in self.variants if uses_sidecar(m)]
         if needs and not sidecar:
             raise ValueError("method ooo needs a sidecar (eval.sidecar: model, adapter)")
         for name in needs:
@@ -222,7 +222,7 @@ class Runner:
     def _decode(self, request: dict, method: str, schedule: str, ar, max_new_tokens: int):
         sched = self.schedules[schedule]
         self.target.set_threads(sched.threads(None))
-        reuse = self.prefill_once and not (method in METHOD_TABLE and METHOD_TABLE[method].sidecar)
+        reuse = self.prefill_once and not uses_sidecar(method)
         if method in PEERS:
             return self.peers.generate(request, method, max_new_tokens)
         return generate(self.target, request, method, sidecar=self.sidecar_for(schedule),
@@ -257,7 +257,7 @@ class Runner:
                 continue
             if method == "ooo-oracle" and ar is None:  # ar finished in an earlier run that kept no text
                 ar = self._decode(request, "ar", "all-cores", None, self.max_new_tokens)
-            worker = self.sidecar_for(schedule) if method in METHOD_TABLE and METHOD_TABLE[method].sidecar else None
+            worker = self.sidecar_for(schedule) if uses_sidecar(method) else None
             before, w0 = cpu_sample(), worker_cpu_s(worker)
             out = self._decode(request, method, schedule, ar, self.max_new_tokens)
             usage = cpu_usage(before, cpu_sample())

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from ..hardware import available_cores, machine, resolve_dtype
 from ..artifacts import seal
 from ..io import InputError, ResumableJsonl, interrupt_on_sigterm, read_json, write_manifest
-from ..methods import METHOD_TABLE
+from ..methods import uses_sidecar
 from ..recipes import load_recipe, section
 from ..requests import load_requests
 from ..runner import ALL_METHODS, PEERS, HFPeers, Runner, variant, variants
@@ -147,10 +147,6 @@ def run(cfg: dict, recipe: dict) -> Path:
                                   "git_commit": git_commit()})
         seal(run_dir)
     return run_dir
-
-
-def uses_sidecar(method: str) -> bool:
-    return method in METHOD_TABLE and METHOD_TABLE[method].sidecar
 
 
 def stale_sidecar_row(row: dict, ident: dict | None) -> bool:
