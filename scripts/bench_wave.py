@@ -9,6 +9,8 @@ question) and decode greedily up to --max-value-tokens, stopping at <|im_end|>/e
   wave     SlotWave.run as the sidecar runs it: prefix forward once, written once into a preallocated batch cache,
            parallel greedy decode in place; a row leaves the batch at its stop token or as soon as its answer is a
            whole JSON value (early stop);
+  wave-merged  the wave with the LoRA adapter folded into the base weights (`merge_adapter`: one plain model, as
+           the runtime's sidecar worker loads it), same prefix sharing and early stop (needs --adapter);
   wave-before  the wave before those two changes: the prefix KV repeated per row in a DynamicCache (each step
            copies the whole cache), rows leave only at their stop token;
   naive    one `model.generate` per prompt (prefix + suffix), one after the other;
@@ -34,7 +36,7 @@ from pipeline.io import iter_jsonl, write_json
 from pipeline.sidecar.rows import answer_complete, parse_answer, slot_keys
 from pipeline.sidecar.wave import SlotWave, answer_texts, wave_inputs
 
-METHODS = ("wave", "wave-before", "naive", "batched")
+METHODS = ("wave", "wave-merged", "wave-before", "naive", "batched")
 
 
 def pick(path: str, n: int, how: str) -> list[dict]:
@@ -113,13 +115,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="float32",
                     help="bfloat16 is faster, but its rounding differs between batch shapes (answers may differ)")
     ap.add_argument("--max-value-tokens", type=int, default=32)
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--methods", nargs="+", choices=METHODS,
+                    help="default: all (wave-merged only with --adapter)")
     ap.add_argument("--out", help="JSON with per-request timings and the summary")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    methods = [m for m in METHODS if m in args.methods]
+    methods = [m for m in METHODS if m in (args.methods or METHODS) and (args.methods or m != "wave-merged"
+                                                                           or args.adapter)]
     wave = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens)
+    if "wave-merged" in methods and not args.adapter:
+        ap.error("--methods wave-merged needs --adapter (a base model has nothing to merge)")
+    merged = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens,
+                      merge_adapter=True) if "wave-merged" in methods else None
     before = SlotWave(wave.model, tokenizer=wave.tokenizer, max_value_tokens=args.max_value_tokens,
                       compact=wave.compact, chat_template_kwargs=wave.chat_template_kwargs, early_stop=False,
                       prealloc=False)
@@ -131,6 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
         run_naive(model, [1, 2, 3], [[4]], 2, stop_ids, pad)
         run_batched(model, [1, 2, 3], [[4], [5, 6]], 2, stop_ids, pad)
         wave.run([1, 2, 3], [[4], [5, 6]])
+        if merged is not None:
+            merged.run([1, 2, 3], [[4], [5, 6]])
         before.run([1, 2, 3], [[4], [5, 6]])
         for k, req in enumerate(requests):
             prefix, suffixes, keys = wave_inputs(tok, req, wave.compact, wave.chat_template_kwargs)
@@ -138,9 +148,9 @@ def main(argv: list[str] | None = None) -> dict:
             timed, cpu, outputs = {}, {}, {}
             for m in methods:
                 t0, c0 = time.perf_counter(), time.process_time()
-                if m == "wave":
+                if m in ("wave", "wave-merged"):
                     done = lambda r, text, keys=keys, n=n_tools: answer_complete(text, keys[r][0], n)  # noqa: E731
-                    outputs[m] = wave.run(prefix, suffixes, done)[0]
+                    outputs[m] = (wave if m == "wave" else merged).run(prefix, suffixes, done)[0]
                 elif m == "wave-before":
                     outputs[m] = before.run(prefix, suffixes)[0]
                 elif m == "naive":

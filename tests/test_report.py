@@ -77,6 +77,27 @@ def test_upper_bound_kept_out_of_the_mean_and_hint_outcomes_counted():
     assert "ooo-oracle *(upper bound)*" in md and "arguments do not fit the schema" in md
 
 
+def test_per_target_means_are_over_that_targets_benchmarks_only():
+    def moved(rows, target, bench, scale):  # the same rows on another cell, ooo's times scaled
+        return [{**r, "key": f"{target}|{bench}|{r['request_id']}|{r['method']}", "target": target, "benchmark": bench,
+                 **({"wall_s": r["wall_s"] * scale, "decode_s": r["decode_s"] * scale} if r["method"] == "ooo" else {})}
+                for r in rows]
+    base = [r for r in ROWS if r["method"] in ("ar", "ooo")] + [row("toolspec", "r1", 5.0, 3.0, 40, 10, "a1"),
+                                                                row("toolspec", "r2", 3.0, 2.0, 20, 6, "a2")]
+    s = summarize(moved(base, "t", "b1", 1.0) + moved(base, "t", "b2", 2.0) + moved(base, "u", "b1", 4.0), n_boot=20)
+    t, u = s["per_target"]["t"]["ooo"], s["per_target"]["u"]["ooo"]
+    assert t["cells"] == 2 and u["cells"] == 1
+    assert t["e2e"] == pytest.approx((16 / 6 + 16 / 12) / 2, abs=1e-3)  # unweighted over t's two benchmarks
+    assert u["e2e"] == pytest.approx(16 / 24, abs=1e-3)                  # u's one cell, not mixed with t's
+    assert t["vs_toolspec_e2e"] == pytest.approx((8 / 6 + 8 / 12) / 2, abs=1e-3)
+    assert t["hint_before_first_value"] == 1.0 and t["identical_to_ar"] == 1.0
+    # a free wave: toolspec's prefill (5-3, 3-2) + ooo's decode (2, 1) on b1 -> 8 / 6; on b2 ooo's decode doubles
+    assert t["vs_toolspec_e2e_free_wave"] == pytest.approx((8 / 6 + 8 / 9) / 2, abs=1e-3)
+    assert "vs_toolspec_e2e" not in s["per_target"]["t"]["ar"]
+    md = to_markdown(s)
+    assert "## Mean over benchmarks, per target" in md and "| u | ooo | 1 | 0.67x |" in md
+
+
 def test_bootstrap_interval_brackets_ratio():
     lo, hi = bootstrap_ratio([1, 2, 3, 4], [1, 1, 1, 1], n=500)
     assert lo <= 2.5 <= hi and lo < hi

@@ -113,7 +113,11 @@ def prompt_settings(adapter: str | Path | None, compact: bool | None = None,
 
 
 def load_sidecar(model: str | Path, adapter: str | Path | None = None, dtype="float32", merge_adapter: bool = False):
-    """(model, tokenizer): the base model, with the peft adapter on top when given; the adapter's tokenizer wins."""
+    """(model, tokenizer): the base model, with the peft adapter on top when given; the adapter's tokenizer wins.
+
+    `merge_adapter`: the LoRA update is folded into the base weights (W + BA, computed in float32 and only then cast
+    to `dtype`, so a bf16 model is rounded once, not twice): a plain model without the adapter's extra matmuls, adds
+    and dropout modules per projection (scripts/bench_wave.py --methods wave wave-merged measures the difference)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     for path, what in ((model, "model"), (adapter, "adapter")):
@@ -127,13 +131,15 @@ def load_sidecar(model: str | Path, adapter: str | Path | None = None, dtype="fl
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     from ..hardware import torch_dtype
 
-    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype(dtype))
+    merge = adapter is not None and merge_adapter
+    wide = str(torch_dtype(dtype)) == "torch.float64"  # merged at least in float32, in float64 for a float64 model
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype(dtype if not merge or wide else "float32"))
     if adapter is not None:
         from peft import PeftModel
 
         lm = PeftModel.from_pretrained(lm, str(adapter))
-        if merge_adapter:
-            lm = lm.merge_and_unload()
+        if merge:
+            lm = lm.merge_and_unload().to(torch_dtype(dtype))
     lm.eval()
     return lm, tokenizer
 

@@ -155,7 +155,8 @@ def stale_sidecar_row(row: dict, ident: dict | None) -> bool:
     if not uses_sidecar(row.get("method", "")) or ident is None:
         return False
     made = row.get("sidecar") or {}
-    return made.get("adapter_sha256") != ident["adapter_sha256"] or made.get("model") != ident["model"]
+    return (made.get("adapter_sha256") != ident["adapter_sha256"] or made.get("model") != ident["model"]
+            or made.get("merged", False) != ident.get("merged", False))
 
 
 def target_methods(cfg: dict, tcfg: dict) -> list[str]:
@@ -167,13 +168,15 @@ def target_methods(cfg: dict, tcfg: dict) -> list[str]:
 
 
 def sidecar_identity(sc: dict) -> dict:
-    """The sidecar a report names: model and adapter paths, the adapter weights' sha256."""
+    """The sidecar a report names: model and adapter paths, the adapter weights' sha256, whether the adapter is
+    folded into the base weights (rows measured before `merge_adapter` existed ran it unmerged)."""
     from ..io import sha256_file
 
     adapter = sc.get("adapter")
     weights = Path(adapter or "-") / "adapter_model.safetensors"
     return {"model": sc.get("model"), "adapter": adapter,
-            "adapter_sha256": sha256_file(weights) if weights.is_file() else None}
+            "adapter_sha256": sha256_file(weights) if weights.is_file() else None,
+            "merged": bool(adapter) and bool(sc.get("merge_adapter", True))}
 
 
 def git_commit() -> str | None:

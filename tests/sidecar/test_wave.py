@@ -133,6 +133,9 @@ def test_wave_with_adapter_from_folders_equals_rows_alone(tmp_path):
     assert all(is_greedy_alone(wave.model, prefix, s, t, wave.stop_ids) for s, t in zip(suffixes, rows))
     plain = SlotWave(base_dir, dtype="float64", max_value_tokens=CAP)
     assert plain.run(prefix, suffixes)[0] != rows  # the adapter is really applied
+    merged = SlotWave(base_dir, adapter, dtype="float64", max_value_tokens=CAP, merge_adapter=True)
+    assert not isinstance(merged.model, PeftModel) and merged.model.dtype == torch.float64
+    assert merged.run(prefix, suffixes)[0] == rows  # folded into the weights: the same greedy answers
 
     pred = wave.predict(REQUESTS[0])
     assert pred.n_prompts == len(suffixes) and set(pred.timings) >= {"prefill", "decode", "join", "total"}

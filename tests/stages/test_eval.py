@@ -97,6 +97,9 @@ def test_a_sidecar_row_is_stale_when_its_adapter_changed():
     assert eval_stage.stale_sidecar_row({**ooo, "sidecar": {**ident, "adapter_sha256": "2" * 64}}, ident)
     assert eval_stage.stale_sidecar_row({**ooo, "sidecar": {**ident, "model": "other"}}, ident)
     assert eval_stage.stale_sidecar_row({"method": "ooo"}, ident)  # unrecorded: measured again
+    merged = {**ident, "merged": True}  # the adapter folded into the base weights: another model, measured again
+    assert eval_stage.stale_sidecar_row(ooo, merged)
+    assert not eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": merged}, merged)
     assert not eval_stage.stale_sidecar_row({"method": "ar"}, ident)
     assert not eval_stage.stale_sidecar_row({"method": "ooo-oracle"}, ident)  # its hint is ar's text, no sidecar
     assert not eval_stage.stale_sidecar_row({"method": "ooo"}, None)  # a run without ooo keeps every row
