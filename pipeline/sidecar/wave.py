@@ -36,6 +36,10 @@ class Cancelled(Exception):
     """The wave's `cancelled()` check said its request has ended: abandoned between decode steps."""
 
 
+# Bumped whenever the wave computes differently for the same weights (eval rows of another revision are measured
+# again): 2 = the suffix forward's last-position logits by index (was logits_to_keep=1, which copied the output
+# embedding once per row).
+WAVE_REVISION = 2
 DEFAULT_MAX_VALUE_TOKENS = 32  # the longest slot values of the four benchmarks are ~25 tokens in SmolLM2's BPE
 
 
@@ -233,8 +237,10 @@ class SlotWave:
             positions[b, width - len(suffix):] = torch.arange(n_prefix, n_prefix + len(suffix), device=dev)
         if cancelled is not None and cancelled():
             raise Cancelled
+        # the last position's logits by index, not by `logits_to_keep=1`: that slice [B, 1, H] is not contiguous, so
+        # torch's matmul expands the output embedding to [B, H, vocab] and copies it (1.5 GB and ~3 s for 27 rows)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                         logits_to_keep=1)
+                         logits_to_keep=torch.tensor([width - 1], device=dev))
         next_tok = out.logits[:, -1].argmax(-1)  # [B]
         next_pos = positions[:, -1] + 1  # [B]
         t1 = time.perf_counter()

@@ -156,7 +156,7 @@ def stale_sidecar_row(row: dict, ident: dict | None) -> bool:
         return False
     made = row.get("sidecar") or {}
     return (made.get("adapter_sha256") != ident["adapter_sha256"] or made.get("model") != ident["model"]
-            or made.get("merged", False) != ident.get("merged", False))
+            or made.get("merged", False) != ident.get("merged", False) or made.get("wave", 1) != ident.get("wave", 1))
 
 
 def target_methods(cfg: dict, tcfg: dict) -> list[str]:
@@ -169,14 +169,16 @@ def target_methods(cfg: dict, tcfg: dict) -> list[str]:
 
 def sidecar_identity(sc: dict) -> dict:
     """The sidecar a report names: model and adapter paths, the adapter weights' sha256, whether the adapter is
-    folded into the base weights (rows measured before `merge_adapter` existed ran it unmerged)."""
+    folded into the base weights (rows measured before `merge_adapter` existed ran it unmerged), the wave's code
+    revision (`wave.WAVE_REVISION`; rows without one ran revision 1)."""
     from ..io import sha256_file
+    from ..sidecar.wave import WAVE_REVISION
 
     adapter = sc.get("adapter")
     weights = Path(adapter or "-") / "adapter_model.safetensors"
     return {"model": sc.get("model"), "adapter": adapter,
             "adapter_sha256": sha256_file(weights) if weights.is_file() else None,
-            "merged": bool(adapter) and bool(sc.get("merge_adapter", True))}
+            "merged": bool(adapter) and bool(sc.get("merge_adapter", True)), "wave": WAVE_REVISION}
 
 
 def git_commit() -> str | None:
