@@ -2,14 +2,14 @@
 
 One wave answers all of a request's questions (`rows.wave_questions`: the function row and one row per (tool,
 parameter)) at once:
-  1. prefill: the shared prefix (system + tools + dialogue) in one forward; its KV cache is repeated over the batch
-     of row suffixes (`DynamicCache.batch_repeat_interleave`); the suffixes, left-padded, go through one forward
-     with a 2-D mask [ones over the prefix | zeros over the padding | ones over the suffix] and position ids that
-     continue from the prefix length, so every row sees exactly `prefix + its suffix`;
+  1. prefill: the shared prefix (system + tools + dialogue) in one forward; its KV cache is written once into each
+     row's slot of the batch cache (`rows_cache`); the suffixes, left-padded, go through one forward with a 2-D mask
+     [ones over the prefix | zeros over the padding | ones over the suffix] and position ids that continue from the
+     prefix length, so every row sees exactly `prefix + its suffix` (only the last position's logits are computed);
   2. decode: greedy, all rows in parallel, at most `max_value_tokens` tokens; a row stops at <|im_end|> / eos or as
      soon as its text is a whole answer (a closed JSON value; a tool index no digit can extend) and leaves the batch
-     (`batch_select_indices`), so short answers (`null`) do not pay for long ones. The batch cache is preallocated
-     (`rows_cache`): the prefix is copied once into each row's slot and each step writes in place;
+     (`batch_select_indices`), so short answers (`null`) do not pay for long ones; each step writes the
+     preallocated batch cache in place;
   3. join (`join.py`): answers parsed as JSON (not JSON -> unknown), the chosen tool's valid slots -> the payload's
      top call, every other tool's non-null valid slots -> its `others` (`pipeline.payload`).
 Each row's tokens equal those of running `prefix + suffix` alone with greedy decoding (tests check this in
