@@ -178,7 +178,7 @@ def sidecar_identity(sc: dict) -> dict:
     weights = Path(adapter or "-") / "adapter_model.safetensors"
     return {"model": sc.get("model"), "adapter": adapter,
             "adapter_sha256": sha256_file(weights) if weights.is_file() else None,
-            "merged": bool(adapter) and bool(sc.get("merge_adapter", True)), "wave": WAVE_REVISION}
+            "merged": bool(adapter) and sidecar_kwargs(sc)["merge_adapter"], "wave": WAVE_REVISION}
 
 
 def git_commit() -> str | None:
