@@ -121,11 +121,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    methods = [m for m in METHODS if m in (args.methods or METHODS) and (args.methods or m != "wave-merged"
-                                                                           or args.adapter)]
-    wave = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens)
-    if "wave-merged" in methods and not args.adapter:
+    if args.methods and "wave-merged" in args.methods and not args.adapter:
         ap.error("--methods wave-merged needs --adapter (a base model has nothing to merge)")
+    methods = [m for m in METHODS if m in args.methods] if args.methods else \
+        [m for m in METHODS if m != "wave-merged" or args.adapter]
+    wave = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens)
     merged = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens,
                       merge_adapter=True) if "wave-merged" in methods else None
     before = SlotWave(wave.model, tokenizer=wave.tokenizer, max_value_tokens=args.max_value_tokens,

@@ -136,8 +136,9 @@ def load_sidecar(model: str | Path, adapter: str | Path | None = None, dtype="fl
     from ..hardware import torch_dtype
 
     merge = adapter is not None and merge_adapter
-    wide = str(torch_dtype(dtype)) == "torch.float64"  # merged at least in float32, in float64 for a float64 model
-    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype(dtype if not merge or wide else "float32"))
+    # merged at least in float32 (in float64 for a float64 model), cast to `dtype` afterwards
+    load_dtype = "float32" if merge and torch_dtype(dtype) != torch_dtype("float64") else dtype
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype(load_dtype))
     if adapter is not None:
         from peft import PeftModel
 
