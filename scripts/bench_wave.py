@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
             merged.run([1, 2, 3], [[4], [5, 6]])
         before.run([1, 2, 3], [[4], [5, 6]])
         for k, req in enumerate(requests):
-            prefix, suffixes, keys = wave_inputs(tok, req, wave.compact, wave.chat_template_kwargs)
+            prefix, suffixes, keys = wave_inputs(tok, req, wave.compact, wave.chat_template_kwargs, wave.questions)
             n_tools = len(req["tools"])
             timed, cpu, outputs = {}, {}, {}
             for m in methods:

@@ -26,33 +26,36 @@ from dataclasses import dataclass
 
 from ..io import InputError
 from ..schema import param_names
-from .rows import FUNCTION_QUESTION, answer_ids, render_prefix_and_suffixes, row_messages, slot_question
+from .rows import (QUESTION_STYLES, answer_ids, check_question_style, function_question, render_prefix_and_suffixes,
+                   row_messages, slot_question)
 
 IGNORE = -100
 PAD_SEGMENT = -1
 
 
-def row_question(request: dict, row: dict, where: str = "rows") -> str:
-    """The question a row asks, rebuilt from its metadata and checked against the row's own prompt."""
+def row_question(request: dict, row: dict, where: str = "rows", style: str = "long") -> str:
+    """The question a row asks in `style`, rebuilt from its metadata; the row's own prompt must ask the same question
+    in one of the styles (rows written in one style train in another: the metadata names the question)."""
+    check_question_style(style)
     kind = row.get("kind")
     rid = request["id"]
     if kind == "function":
-        question = FUNCTION_QUESTION
+        asked = {s: function_question(s) for s in QUESTION_STYLES}
     elif kind == "slot":
         tools, i, p = request["tools"], row.get("tool"), row.get("param")
         if not isinstance(i, int) or not 0 <= i < len(tools) or p not in param_names(tools[i]):
             raise InputError(f"{where} (record {rid}): slot row names tool {i!r} parameter {p!r}, which the request "
                              f"does not have; expected a tool index < {len(tools)} and one of its parameters")
-        question = slot_question(tools, i, p)
+        asked = {s: slot_question(tools, i, p, s) for s in QUESTION_STYLES}
     else:
         raise InputError(f"{where} (record {rid}): row kind {kind!r}; expected 'function' or 'slot'")
     prompt = row.get("prompt")
-    expected = row_messages(request, question)[-1]["content"]
-    if not (isinstance(prompt, list) and prompt and prompt[-1].get("content") == expected):
+    content = prompt[-1].get("content") if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict) else None
+    if not any(content == row_messages(request, q)[-1]["content"] for q in asked.values()):
         raise InputError(f"{where} (record {rid}): the {kind} row's prompt does not match the request's dialogue and "
-                         f"question {question!r}; the rows were built from a different request file or by an older "
-                         "rows.py (rerun `make labels`)")
-    return question
+                         f"question {asked['long']!r} (or {asked['short']!r}); the rows were built from a different "
+                         "request file or by an older rows.py (rerun `make labels`)")
+    return asked[style]
 
 
 def row_answer(row: dict, request_id: str, where: str = "rows") -> str:
@@ -76,15 +79,16 @@ def keep_row(row: dict, null_keep: float, seed: int = 0) -> bool:
 
 def pack_request(tokenizer, request: dict, rows: list[dict], compact: bool = True,
                  chat_template_kwargs: dict | None = None, max_length: int | None = None,
-                 where: str = "rows") -> tuple[list[dict], int]:
+                 where: str = "rows", questions: str = "long") -> tuple[list[dict], int]:
     """Pack one request's rows into prefix-shared sequences (several when `max_length` forces it).
 
     Returns (sequences, dropped): each sequence {"request_id", "input_ids", "position_ids", "segment_ids", "labels",
-    "n_rows"}; `dropped` counts rows that do not fit even alone with the prefix.
+    "n_rows"}; `dropped` counts rows that do not fit even alone with the prefix. `questions` is the question style
+    the rows are trained in (`rows.QUESTION_STYLES`).
     """
-    questions = [row_question(request, row, where) for row in rows]
+    asked = [row_question(request, row, where, questions) for row in rows]
     answers = [answer_ids(tokenizer, row_answer(row, request["id"], where)) for row in rows]
-    prefix, suffixes = render_prefix_and_suffixes(tokenizer, request, questions, compact, chat_template_kwargs)
+    prefix, suffixes = render_prefix_and_suffixes(tokenizer, request, asked, compact, chat_template_kwargs)
     P = len(prefix)
     sequences: list[dict] = []
     dropped = 0
@@ -108,7 +112,7 @@ def pack_request(tokenizer, request: dict, rows: list[dict], compact: bool = Tru
 
 def pack_rows(tokenizer, requests: dict[str, dict], rows: list[tuple[str, dict]], compact: bool = True,
               chat_template_kwargs: dict | None = None, max_length: int | None = None, null_keep: float = 1.0,
-              seed: int = 0, progress: bool = False) -> tuple[list[dict], dict]:
+              seed: int = 0, progress: bool = False, questions: str = "long") -> tuple[list[dict], dict]:
     """Group rows by request (first-seen order), subsample null rows, pack each request.
 
     `rows` holds (location, row) pairs, the location ("file:line") naming the row in errors. Returns the packed
@@ -134,7 +138,7 @@ def pack_rows(tokenizer, requests: dict[str, dict], rows: list[tuple[str, dict]]
         if not kept:
             continue
         seqs, dropped = pack_request(tokenizer, requests[rid], kept, compact, chat_template_kwargs, max_length,
-                                     where=group[0][0])
+                                     where=group[0][0], questions=questions)
         stats["requests"] += 1
         stats["rows_kept"] += len(kept) - dropped
         stats["rows_dropped_too_long"] += dropped

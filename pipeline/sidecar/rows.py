@@ -26,6 +26,11 @@ from ..schema import param_names, tool_name, tool_params
 SYSTEM = ("You predict the tool call an assistant is about to make. The tools are numbered below. "
           "Answer each question with JSON only.")
 FUNCTION_QUESTION = "Which tool is called? Answer with its number."
+# How a row asks its question (`train.questions` of a sidecar recipe; the wave asks as the adapter was trained).
+# `long` spells it out (~30 tokens a slot row); `short` names only the tool and parameter (`[0] get_weather.unit`,
+# ~9 tokens with the end of turn): suffixes are most of a wave's prompt tokens, so `short` cuts its prefill.
+QUESTION_STYLES = ("long", "short")
+SHORT_FUNCTION_QUESTION = "tool"
 QUESTION_MARK = "\u2063Q\u2063"  # invisible sentinel used to split the rendered chat into prefix and suffix
 
 
@@ -39,7 +44,19 @@ class Unknown:
 UNKNOWN = Unknown()
 
 
-def slot_question(tools: list[dict], tool_index: int, param: str) -> str:
+def check_question_style(style: str) -> str:
+    if style not in QUESTION_STYLES:
+        raise ValueError(f"questions={style!r}: expected one of {', '.join(QUESTION_STYLES)}")
+    return style
+
+
+def function_question(style: str = "long") -> str:
+    return FUNCTION_QUESTION if check_question_style(style) == "long" else SHORT_FUNCTION_QUESTION
+
+
+def slot_question(tools: list[dict], tool_index: int, param: str, style: str = "long") -> str:
+    if check_question_style(style) == "short":
+        return f"[{tool_index}] {tool_name(tools[tool_index])}.{param}"
     return (f"If tool [{tool_index}] {tool_name(tools[tool_index])} is called, the value of {param}? JSON, or null if "
             "such a call would omit it.")
 
@@ -158,14 +175,16 @@ def label_from_call(request: dict, call: dict) -> dict:
     return {"id": request["id"], "tool_index": chosen, "name": call["name"], "arguments": args, "slots": slots}
 
 
-def build_rows(request: dict, label: dict, compact: bool = True) -> list[dict]:
+def build_rows(request: dict, label: dict, compact: bool = True, questions: str = "long") -> list[dict]:
     """SFT rows in trl's conversational prompt-completion format, plus metadata for packing and subsampling.
 
     Each row: {"prompt": [system, user], "completion": [assistant], "request_id", "kind": function|slot, "tool",
     "param", "chosen" (slot of the called tool: always, for rows built here), "null" (answer is null)}.
+    `questions` is the question style (QUESTION_STYLES); packing rebuilds each row's question in the training style
+    from the metadata, so rows written in one style train in either.
     """
     tools = request["tools"]
-    rows = [{"prompt": row_messages(request, FUNCTION_QUESTION, compact),
+    rows = [{"prompt": row_messages(request, function_question(questions), compact),
              "completion": [{"role": "assistant", "content": str(label["tool_index"])}],
              "request_id": request["id"], "kind": "function", "tool": None, "param": None, "chosen": True,
              "null": False}]
@@ -173,7 +192,7 @@ def build_rows(request: dict, label: dict, compact: bool = True) -> list[dict]:
         i, p, v = slot["tool"], slot["param"], slot["value"]
         if i != label["tool_index"]:
             continue  # a label written before slot rows were conditional: the other tools' answers are unknown
-        rows.append({"prompt": row_messages(request, slot_question(tools, i, p), compact),
+        rows.append({"prompt": row_messages(request, slot_question(tools, i, p, questions), compact),
                      "completion": [{"role": "assistant", "content": answer_text(v)}],
                      "request_id": request["id"], "kind": "slot", "tool": i, "param": p, "chosen": True,
                      "null": v is None})
@@ -199,12 +218,12 @@ def render_prefix_and_suffixes(tokenizer, request: dict, questions: list[str], c
     return prefix, suffixes
 
 
-def wave_questions(request: dict) -> tuple[list[str], list[tuple]]:
+def wave_questions(request: dict, style: str = "long") -> tuple[list[str], list[tuple]]:
     """The questions of one wave and what each asks: ("function",) and ("slot", tool, param) for every tool."""
     tools = request["tools"]
-    questions, keys = [FUNCTION_QUESTION], [("function",)]
+    questions, keys = [function_question(style)], [("function",)]
     for i, p in slot_keys(tools):
-        questions.append(slot_question(tools, i, p))
+        questions.append(slot_question(tools, i, p, style))
         keys.append(("slot", i, p))
     return questions, keys
 

@@ -50,9 +50,11 @@ class VllmWave:
 
     def __init__(self, model: str | Path, adapter: str | Path | None = None, *,
                  max_value_tokens: int = DEFAULT_MAX_VALUE_TOKENS, compact: bool | None = None,
-                 chat_template_kwargs: dict | None = None, llm=None, api=None, **llm_kwargs):
+                 chat_template_kwargs: dict | None = None, questions: str | None = None, llm=None, api=None,
+                 **llm_kwargs):
         LLM, SamplingParams, LoRARequest = api or vllm_api()
-        self.compact, self.chat_template_kwargs = prompt_settings(adapter, compact, chat_template_kwargs)
+        self.compact, self.chat_template_kwargs, self.questions = prompt_settings(adapter, compact, chat_template_kwargs,
+                                                                                  questions)
         self.lora = None
         if adapter is not None:
             rank = adapter_rank(adapter)
@@ -75,7 +77,8 @@ class VllmWave:
         t_start = time.perf_counter()
         prompts, spans = [], []
         for request in requests:
-            prefix, suffixes, keys = wave_inputs(self.tokenizer, request, self.compact, self.chat_template_kwargs)
+            prefix, suffixes, keys = wave_inputs(self.tokenizer, request, self.compact, self.chat_template_kwargs,
+                                                 self.questions)
             spans.append((len(prompts), keys, len(prefix), sum(map(len, suffixes))))
             prompts += [{"prompt_token_ids": prefix + s} for s in suffixes]
         t_render = time.perf_counter()

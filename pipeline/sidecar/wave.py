@@ -26,11 +26,12 @@ import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ..io import looks_like_hub_id
 from .join import answer_json, join_answers, parse_answers
 from ..requests import stop_token_ids
-from .rows import answer_complete, render_prefix_and_suffixes, wave_questions
+from .rows import answer_complete, check_question_style, render_prefix_and_suffixes, wave_questions
 
 class Cancelled(Exception):
     """The wave's `cancelled()` check said its request has ended: abandoned between decode steps."""
@@ -59,10 +60,11 @@ class WavePrediction:
                 "token_counts": self.token_counts}
 
 
-def wave_inputs(tokenizer, request: dict, compact: bool = True, chat_template_kwargs: dict | None = None):
-    """(prefix ids, suffix ids per question, question keys) of a request's wave."""
-    questions, keys = wave_questions(request)
-    prefix, suffixes = render_prefix_and_suffixes(tokenizer, request, questions, compact, chat_template_kwargs)
+def wave_inputs(tokenizer, request: dict, compact: bool = True, chat_template_kwargs: dict | None = None,
+                questions: str = "long"):
+    """(prefix ids, suffix ids per question, question keys) of a request's wave; `questions` is the question style."""
+    asked, keys = wave_questions(request, questions)
+    prefix, suffixes = render_prefix_and_suffixes(tokenizer, request, asked, compact, chat_template_kwargs)
     return prefix, suffixes, keys
 
 
@@ -99,10 +101,17 @@ def finish_prediction(request: dict, keys: list[tuple], texts: list[str], timing
                           join_report=joined.report)
 
 
+class PromptSettings(NamedTuple):
+    compact: bool
+    chat_template_kwargs: dict
+    questions: str
+
+
 def prompt_settings(adapter: str | Path | None, compact: bool | None = None,
-                    chat_template_kwargs: dict | None = None) -> tuple[bool, dict]:
-    """(compact, chat_template_kwargs) the wave must render with: given values win, else those the adapter was
-    trained with (`train.compact`, `train.chat_template_kwargs` of <adapter>/recipe.yaml), else (True, {})."""
+                    chat_template_kwargs: dict | None = None, questions: str | None = None) -> PromptSettings:
+    """How the wave must render its prompts: given values win, else those the adapter was trained with
+    (`train.compact`, `train.chat_template_kwargs`, `train.questions` of <adapter>/recipe.yaml), else (True, {},
+    "long")."""
     trained: dict = {}
     recipe = Path(adapter) / "recipe.yaml" if adapter is not None else None
     if recipe is not None and recipe.is_file():
@@ -113,7 +122,9 @@ def prompt_settings(adapter: str | Path | None, compact: bool | None = None,
         compact = bool(trained.get("compact", True))
     if chat_template_kwargs is None:
         chat_template_kwargs = dict(trained.get("chat_template_kwargs") or {})
-    return compact, dict(chat_template_kwargs)
+    if questions is None:
+        questions = str(trained.get("questions", "long"))
+    return PromptSettings(compact, dict(chat_template_kwargs), check_question_style(questions))
 
 
 def load_sidecar(model: str | Path, adapter: str | Path | None = None, dtype="float32", merge_adapter: bool = False):
@@ -153,7 +164,7 @@ class SlotWave:
     """A sidecar model answering one request's wave per `predict` call (state: the model and tokenizer).
 
     `model`: a folder / hub id, or a loaded model (then pass `tokenizer=`). `adapter`: a peft adapter folder; its
-    recipe.yaml supplies `compact` and `chat_template_kwargs` unless given. `stop_ids` overrides the stop tokens.
+    recipe.yaml supplies `compact`, `chat_template_kwargs` and `questions` unless given. `stop_ids` overrides the stop tokens.
     `early_stop`: a row leaves the batch as soon as its text is a whole answer (`rows.answer_complete`), without
     waiting for its stop token (false: only at the stop token or the cap). `prealloc`: the batch cache is
     preallocated and written in place (false: transformers' DynamicCache repeated per row, which copies the whole
@@ -163,7 +174,8 @@ class SlotWave:
     def __init__(self, model, adapter: str | Path | None = None, *, tokenizer=None,
                  max_value_tokens: int = DEFAULT_MAX_VALUE_TOKENS, compact: bool | None = None, dtype="float32",
                  chat_template_kwargs: dict | None = None, merge_adapter: bool = False, prune_finished: bool = True,
-                 stop_ids: list[int] | None = None, early_stop: bool = True, prealloc: bool = True):
+                 stop_ids: list[int] | None = None, early_stop: bool = True, prealloc: bool = True,
+                 questions: str | None = None):
         if isinstance(model, (str, Path)):
             self.model, self.tokenizer = load_sidecar(model, adapter, dtype, merge_adapter)
         else:
@@ -178,7 +190,8 @@ class SlotWave:
         if tokenizer is not None:
             self.tokenizer = tokenizer
         self.max_value_tokens = int(max_value_tokens)
-        self.compact, self.chat_template_kwargs = prompt_settings(adapter, compact, chat_template_kwargs)
+        self.compact, self.chat_template_kwargs, self.questions = prompt_settings(adapter, compact, chat_template_kwargs,
+                                                                                  questions)
         self.prune_finished, self.early_stop, self.prealloc = prune_finished, early_stop, prealloc
         self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(
             self.tokenizer, getattr(self.model, "generation_config", None))
@@ -187,7 +200,8 @@ class SlotWave:
     def predict(self, request: dict, cancelled=None) -> WavePrediction:
         """The wave on `request`; `cancelled()`, checked before every forward, abandons it (raises `Cancelled`)."""
         t_start = time.perf_counter()
-        prefix, suffixes, keys = wave_inputs(self.tokenizer, request, self.compact, self.chat_template_kwargs)
+        prefix, suffixes, keys = wave_inputs(self.tokenizer, request, self.compact, self.chat_template_kwargs,
+                                             self.questions)
         timings = {"render": time.perf_counter() - t_start}
         n_tools = len(request.get("tools") or [])
         token_rows, run_timings = self.run(prefix, suffixes, (lambda r, text: answer_complete(text, keys[r][0], n_tools))

@@ -44,6 +44,7 @@ class SidecarEvalConfig:
     backend: str = "transformers"           # or vllm (all of a batch's waves in one generate call)
     max_value_tokens: int = 32              # decode cap per slot answer
     dtype: str = "float32"
+    merge_adapter: bool = True              # fold LoRA into the base weights (transformers), as the runtime's worker does
     tool_block: str | None = None           # compact | full; default: as the adapter was trained
     chat_template_kwargs: dict | None = None  # default: as the adapter was trained
     batch: int = 64                         # requests per generate call (vllm)
@@ -52,7 +53,8 @@ class SidecarEvalConfig:
 
 
 KEYS = set(SidecarEvalConfig.__dataclass_fields__)
-FINGERPRINT_KEYS = ("model", "adapter", "backend", "max_value_tokens", "dtype", "tool_block", "chat_template_kwargs")
+FINGERPRINT_KEYS = ("model", "adapter", "backend", "max_value_tokens", "dtype", "merge_adapter", "tool_block",
+                    "chat_template_kwargs")
 
 
 def resolve(recipe: dict, where_: str = "recipe") -> SidecarEvalConfig:
@@ -119,7 +121,8 @@ def make_wave(cfg: SidecarEvalConfig):
         return VllmWave(cfg.model, cfg.adapter, **kwargs)
     from ..sidecar.wave import SlotWave
 
-    return SlotWave(cfg.model, cfg.adapter, dtype=cfg.dtype, **kwargs)
+    return SlotWave(cfg.model, cfg.adapter, dtype=cfg.dtype, merge_adapter=bool(cfg.merge_adapter and cfg.adapter),
+                    **kwargs)
 
 
 def predict(cfg: SidecarEvalConfig, requests: list[dict], preds_path: Path) -> dict[str, dict]:

@@ -43,6 +43,8 @@ DEFAULTS = {
                                   # first source with rows wins
     "max_requests": None,         # keep only the first N requests (smoke runs, profiling)
     "compact": True,              # compact tool block in the prefix (one line per tool/param); false: full JSON
+    "questions": "long",          # how a row asks its question (pipeline.sidecar.rows.QUESTION_STYLES): long | short;
+                                  # the wave asks as the adapter was trained (its recipe.yaml)
     "chat_template_kwargs": {},   # e.g. {enable_thinking: false} for Qwen3
     "null_keep": 1.0,             # fraction of null slot rows of NOT-chosen tools kept (deterministic hash)
     "dtype": "float32",           # weights dtype: float32 (use sft.bf16 for autocast), bfloat16, float16, auto (bf16
@@ -87,6 +89,9 @@ def resolve(config: dict, where: str) -> dict:
         raise InputError(f"{where}: train.requests is required (the request files the rows were built from)")
     if not 0.0 <= float(train["null_keep"]) <= 1.0:
         raise InputError(f"{where}: train.null_keep={train['null_keep']!r}; expected a fraction in [0, 1]")
+    from ..sidecar.rows import QUESTION_STYLES
+    if train["questions"] not in QUESTION_STYLES:
+        raise InputError(f"{where}: train.questions={train['questions']!r}; expected one of {', '.join(QUESTION_STYLES)}")
     name = config.get("recipe_name", "default")
     sft.setdefault("output_dir", f"checkpoints/sidecar/{name}")
     return {"recipe_name": name, "train": train, "sft": sft, "lora": lora}
@@ -139,7 +144,8 @@ def load_rows(train: dict) -> tuple[dict, list[tuple[str, dict]], list[Path], di
                     except ValueError:
                         skipped["gold_not_offered"] += 1
                         continue
-                    found += [(f"gold:{rid}", row) for row in build_rows(req, label, compact=train["compact"])]
+                    found += [(f"gold:{rid}", row) for row in build_rows(req, label, train["compact"],
+                                                                                   train["questions"])]
         else:
             for path in expand([source], "rows"):
                 row_files.append(path)
@@ -207,7 +213,8 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
         tokenizer.pad_token = tokenizer.eos_token
     args = SFTConfig(**{"report_to": "none", **sft_kw, **FORCED_SFT})
     sequences, stats = pack_rows(tokenizer, requests, rows, train["compact"], train["chat_template_kwargs"],
-                                 args.max_length, float(train["null_keep"]), args.seed, progress=True)
+                                 args.max_length, float(train["null_keep"]), args.seed, progress=True,
+                                 questions=train["questions"])
     if not sequences:
         raise InputError(f"train: every row was dropped ({stats}); raise sft.max_length")
     for s in sequences:

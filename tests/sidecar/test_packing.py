@@ -28,12 +28,13 @@ def gold_rows(request, **kw):
     return build_rows(request, label_from_call(request, request["gold"][0]), **kw)
 
 
-def test_sequence_is_prefix_once_then_each_row(tok, requests):
+@pytest.mark.parametrize("written,trained", [("long", "long"), ("short", "short"), ("long", "short")])
+def test_sequence_is_prefix_once_then_each_row(tok, requests, written, trained):
     req = requests[1]
-    rows = gold_rows(req)
-    (seq,), dropped = pack_request(tok, req, rows)
+    rows = gold_rows(req, questions=written)
+    (seq,), dropped = pack_request(tok, req, rows, questions=trained)
     assert dropped == 0 and seq["n_rows"] == len(rows)
-    questions, keys = wave_questions(req)
+    questions, keys = wave_questions(req, trained)
     asked = [("function",)] + [("slot", r["tool"], r["param"]) for r in rows[1:]]  # the called tool's rows
     questions = [questions[keys.index(k)] for k in asked]
     prefix, suffixes = render_prefix_and_suffixes(tok, req, questions)  # the wave's tokens
@@ -47,9 +48,10 @@ def test_sequence_is_prefix_once_then_each_row(tok, requests):
         assert seq["segment_ids"][t:t + n] == [j] * n
         assert seq["position_ids"][t:t + n] == list(range(P, P + n))  # restart right after the prefix
         assert seq["labels"][t:t + n] == [IGNORE] * len(suffix) + answer  # loss on the answer (+ <|im_end|>) only
-        # the row, unpacked, is exactly the chat its prompt + completion render to
-        text = tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-        assert tok.decode(prefix + suffix + answer) == text + row["completion"][0]["content"] + "<|im_end|>"
+        # the row, unpacked, is exactly the chat its prompt + completion render to (in the style it was written in)
+        if written == trained:
+            text = tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+            assert tok.decode(prefix + suffix + answer) == text + row["completion"][0]["content"] + "<|im_end|>"
         t += n
     assert t == len(seq["input_ids"])
     assert all(x == IGNORE for x in seq["labels"][:P])

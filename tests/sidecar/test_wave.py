@@ -144,11 +144,29 @@ def test_wave_with_adapter_from_folders_equals_rows_alone(tmp_path):
 
 
 def test_prompt_settings_come_from_the_adapter_recipe(tmp_path):
-    assert prompt_settings(None) == (True, {})
+    assert prompt_settings(None) == (True, {}, "long")
     (tmp_path / "recipe.yaml").write_text("train:\n  compact: false\n"
-                                          "  chat_template_kwargs: {enable_thinking: false}\n")
-    assert prompt_settings(tmp_path) == (False, {"enable_thinking": False})
-    assert prompt_settings(tmp_path, compact=True, chat_template_kwargs={}) == (True, {})
+                                          "  chat_template_kwargs: {enable_thinking: false}\n  questions: short\n")
+    assert prompt_settings(tmp_path) == (False, {"enable_thinking": False}, "short")
+    assert prompt_settings(tmp_path, compact=True, chat_template_kwargs={}, questions="long") == (True, {}, "long")
+    (tmp_path / "recipe.yaml").write_text("train:\n  questions: terse\n")
+    with pytest.raises(ValueError, match="terse"):
+        prompt_settings(tmp_path)
+
+
+def test_short_questions_ask_the_same_rows_in_fewer_tokens(tiny_models):
+    model, tok = tiny_models["llama"]
+    request = REQUESTS[0]
+    long_ = wave_inputs(tok, request)
+    short = wave_inputs(tok, request, questions="short")
+    assert short[0] == long_[0] and short[2] == long_[2]  # the same prefix and the same questions, in order
+    assert sum(map(len, short[1])) < sum(map(len, long_[1])) / 2
+    name = request["tools"][0]["function"]["name"]
+    param = short[2][1][2]
+    assert tok.decode(short[1][1]).startswith(f"[0] {name}.{param}")
+    wave = SlotWave(model, tokenizer=tok, max_value_tokens=CAP, questions="short")
+    pred = wave.predict(request)
+    assert pred.token_counts["suffix"] == sum(map(len, short[1]))
 
 
 def test_load_errors_name_the_path(tmp_path):

@@ -135,3 +135,17 @@ def test_runs_a_real_tiny_model(tmp_path):
     assert m["requests"] == 1 and m["mean_prompts"] == 5 and m["mean_latency_s"] > 0
     row = json.loads((tmp_path / "out" / "predictions.jsonl").read_text())
     assert len(row["answers"]) == 5 and row["timings"]["prefill"] > 0
+
+
+def test_the_adapter_is_merged_as_in_the_runtime_unless_told_otherwise(monkeypatch):
+    import pipeline.sidecar.wave as wave_mod
+
+    made = []
+    monkeypatch.setattr(wave_mod, "SlotWave", lambda model, adapter, **kw: made.append((adapter, kw)))
+    recipe = {"sidecar_eval": {"requests": ["r.jsonl"], "model": "m", "adapter": "a"}}
+    sidecar_eval.make_wave(sidecar_eval.resolve(recipe))
+    sidecar_eval.make_wave(sidecar_eval.resolve({"sidecar_eval": {**recipe["sidecar_eval"], "merge_adapter": False}}))
+    sidecar_eval.make_wave(sidecar_eval.resolve({"sidecar_eval": {"requests": ["r.jsonl"], "model": "m"}}))
+    assert [kw["merge_adapter"] for _, kw in made] == [True, False, False]  # nothing to merge without an adapter
+    merged, unmerged = (sidecar_eval.SidecarEvalConfig(requests=[], model="m", merge_adapter=m) for m in (True, False))
+    assert sidecar_eval.fingerprint(merged) != sidecar_eval.fingerprint(unmerged)  # predictions are redone
