@@ -46,6 +46,7 @@ DEFAULTS = {
     "questions": "long",          # how a row asks its question (pipeline.sidecar.rows.QUESTION_STYLES): long | short;
                                   # the wave asks as the adapter was trained (its recipe.yaml)
     "chat_template_kwargs": {},   # e.g. {enable_thinking: false} for Qwen3
+    "function_repeat": 1,         # pack a multi-tool request's function row this many times (= its loss weight)
     "null_keep": 1.0,             # fraction of null slot rows of NOT-chosen tools kept (deterministic hash)
     "dtype": "float32",           # weights dtype: float32 (use sft.bf16 for autocast), bfloat16, float16, auto (bf16
                                   # where native, else float32)
@@ -89,6 +90,8 @@ def resolve(config: dict, where: str) -> dict:
         raise InputError(f"{where}: train.requests is required (the request files the rows were built from)")
     if not 0.0 <= float(train["null_keep"]) <= 1.0:
         raise InputError(f"{where}: train.null_keep={train['null_keep']!r}; expected a fraction in [0, 1]")
+    if not isinstance(train["function_repeat"], int) or train["function_repeat"] < 1:
+        raise InputError(f"{where}: train.function_repeat={train['function_repeat']!r}; expected an integer >= 1")
     from ..sidecar.rows import QUESTION_STYLES
     if train["questions"] not in QUESTION_STYLES:
         raise InputError(f"{where}: train.questions={train['questions']!r}; expected one of {', '.join(QUESTION_STYLES)}")
@@ -214,7 +217,7 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
     args = SFTConfig(**{"report_to": "none", **sft_kw, **FORCED_SFT})
     sequences, stats = pack_rows(tokenizer, requests, rows, train["compact"], train["chat_template_kwargs"],
                                  args.max_length, float(train["null_keep"]), args.seed, progress=True,
-                                 questions=train["questions"])
+                                 questions=train["questions"], function_repeat=train["function_repeat"])
     if not sequences:
         raise InputError(f"train: every row was dropped ({stats}); raise sft.max_length")
     for s in sequences:

@@ -70,6 +70,24 @@ def test_mask_rows_see_prefix_and_themselves_only():
                  [0, 0, 0, 0, 0, 0, 0, 1]]   # padding sees only padding (never an empty row)
 
 
+def test_function_rows_of_multi_tool_requests_are_repeated(tok, requests):
+    byid = {r["id"]: r for r in requests}
+    multi, single = requests[1], requests[2]  # 3 tools, 1 tool
+    rows = [("f", row) for r in (multi, single) for row in gold_rows(r, questions="short")]
+    once, stats1 = pack_rows(tok, byid, rows, questions="short")
+    thrice, stats3 = pack_rows(tok, byid, rows, questions="short", function_repeat=3)
+    assert stats1["function_copies"] == 0 and stats3["function_copies"] == 2
+    assert [s["n_rows"] for s in thrice] == [once[0]["n_rows"] + 2, once[1]["n_rows"]]  # the single tool's: once
+    prefix, (function_suffix,) = render_prefix_and_suffixes(tok, multi, ["tool"])
+    copy = function_suffix + answer_ids(tok, gold_rows(multi)[0]["completion"][0]["content"])
+    ids = thrice[0]["input_ids"]
+    starts = [i for i in range(len(prefix), len(ids)) if ids[i:i + len(copy)] == copy]
+    assert len(starts) == 3 and len({thrice[0]["segment_ids"][i] for i in starts}) == 3  # three rows of their own
+    assert thrice[1] == once[1]
+    with pytest.raises(ValueError, match="function_repeat=0"):
+        pack_rows(tok, byid, rows, function_repeat=0)
+
+
 def test_collator_pads_to_longest(tok, requests):
     seqs, _ = pack_rows(tok, {r["id"]: r for r in requests},
                         [("f", row) for r in requests[:2] for row in gold_rows(r)])
