@@ -130,6 +130,8 @@ def test_row_sources_first_wins_per_request_and_inputs_decide_a_rerun(model_dir,
     ("trainer.x=1", r"unknown top-level key\(s\) \['trainer'\]"),
     ("sft.packing=true", r"sft.packing=True conflicts with prefix-shared packing"),
     ("train.null_keep=2", r"null_keep=2; expected a fraction"),
+    ("train.function_repeat=0", r"function_repeat=0; expected an integer >= 1"),
+    ("train.questions=terse", r"questions='terse'; expected one of long, short"),
 ])
 def test_bad_recipe_keys_are_clear_errors(model_dir, tmp_path, key, match):
     with pytest.raises(InputError, match=match):
