@@ -131,7 +131,7 @@ def run(cfg: dict, recipe: dict) -> Path:
                     runner.warmup(todo[0][1])
                 mach = machine(dtype, cfg["threads"])  # rows accumulate over sessions: each says where it ran
                 where = {"cpu": mach["cpu"]["model"], "flags": mach["cpu"]["flags"], "torch": mach.get("torch"),
-                         "dtype": mach.get("dtype"), "commit": git_commit()}
+                         "dtype": mach.get("dtype"), "commit": git_commit(run_dir)}
                 for bench, req in tqdm(todo, desc=f"eval {tname}", unit="req"):
                     for row in runner.run(bench, req, done):
                         stamp = {"sidecar": ident} if uses_sidecar(row["method"]) else {}
@@ -144,7 +144,7 @@ def run(cfg: dict, recipe: dict) -> Path:
             write_manifest(run_dir, "eval", recipe, inputs,
                            extra={"machine": machine(dtype, cfg["threads"]), "cost_curves": curves,
                                   "sidecar": ident,
-                                  "git_commit": git_commit()})
+                                  "git_commit": git_commit(run_dir)})
         seal(run_dir)
     return run_dir
 
@@ -181,12 +181,15 @@ def sidecar_identity(sc: dict) -> dict:
             "merged": bool(adapter) and sidecar_kwargs(sc)["merge_adapter"], "wave": WAVE_REVISION}
 
 
-def git_commit() -> str | None:
+def git_commit(own: Path | None = None) -> str | None:
+    """HEAD, with `+dirty` when a tracked file differs; the run's own folder `own` is left out (its committed rows
+    are renamed to rows.jsonl.partial while the run writes them)."""
     import subprocess
 
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+        spec = ["--", ".", f":(exclude){own}"] if own is not None else []
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", *spec], capture_output=True,
                                text=True, timeout=10).stdout.strip()
         return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):

@@ -178,3 +178,29 @@ def test_a_missing_sidecar_adapter_stops_the_run_before_any_row(setup, capsys):
     err = capsys.readouterr().err
     assert err.count("no-such-adapter/adapter_config.json not found") == 1 and "make train" in err
     assert not (root / "results" / "no-adapter" / "rows.jsonl").exists()
+
+
+def test_git_commit_is_dirty_only_outside_the_runs_own_folder(tmp_path, monkeypatch):
+    import subprocess
+
+    from pipeline.stages.eval import git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    run = tmp_path / "eval" / "results" / "r"
+    run.mkdir(parents=True)
+    (run / "rows.jsonl").write_text("{}\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    monkeypatch.chdir(tmp_path)
+    head = git_commit(Path("eval/results/r"))
+    assert head and not head.endswith("+dirty")
+    (run / "rows.jsonl").rename(run / "rows.jsonl.partial")  # what a running eval does to its committed rows
+    assert git_commit(Path("eval/results/r")) == head
+    assert git_commit() == head + "+dirty"
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(Path("eval/results/r")) == head + "+dirty"
