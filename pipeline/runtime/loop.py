@@ -141,7 +141,8 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     reuse_prefill: take this request's earlier measured prefill on the same threads from `target.memo` (the eval's
       rule for variants that do the same prefill work); prefill_s and wall_s are charged the measured seconds.
     prefill_chunk: prefill in chunks of this many tokens, asking the schedule for the thread count between chunks
-      (None: one forward, threads chosen once before it).
+      and for each chunk's length (`Schedule.chunk`: adaptive shortens them while the wave computes); None: one
+      forward, threads chosen once before it.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
@@ -182,7 +183,11 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
         while pending.poll() is None and getattr(pending, "error", None) is None:  # the wave first, every core
             time.sleep(0.002)
     set_threads()
-    stats.prefill_s = target.prefill(prompt[:-1], key=request.get("id"), reuse=reuse_prefill, chunk=prefill_chunk,
+    def next_chunk() -> int | None:  # the schedule shortens chunks while it holds a core for the wave
+        return schedule.chunk(stats.threads[-1], prefill_chunk)
+
+    chunk = next_chunk if schedule is not None and hasattr(schedule, "chunk") else prefill_chunk
+    stats.prefill_s = target.prefill(prompt[:-1], key=request.get("id"), reuse=reuse_prefill, chunk=chunk,
                                      between=set_threads if schedule is not None else None)
     stats.cached_tokens = getattr(target, "cached_tokens", 0)
     done = getattr(target, "last_prefill", {})

@@ -5,7 +5,9 @@
 - `colocated`: target and sidecar both use every core (they contend while the wave runs);
 - `adaptive`: the sidecar on the last core; the target uses every core except while the wave is computing (the
   wave counts as running from the request's arrival until it answers or is cancelled; the target changes its thread
-  count between prefill chunks and at round boundaries);
+  count between prefill chunks and at round boundaries, and while the wave computes its prefill chunks are at most
+  `wave_chunk` tokens: a chunk cannot give the core back before it ends, and 256 tokens of a 1.5B target on one
+  core take ~3.5 s, twice a trained wave);
 - `sequential`: the wave first, on every core, then the target on every core (no overlap: the honest reference for
   whether overlapping the two buys anything on a small machine).
 A schedule gives the sidecar's cores (where its worker is pinned) and, through `threads(pending)`, the target's
@@ -25,6 +27,7 @@ SCHEDULES = ("all-cores", "split", "colocated", "adaptive", "sequential")
 class Schedule:
     name: str
     cores: list[int]
+    wave_chunk: int = 64    # the longest prefill chunk while the target runs on n-1 cores beside the wave (adaptive)
 
     def __post_init__(self):
         if self.name not in SCHEDULES:
@@ -46,6 +49,13 @@ class Schedule:
         if self.name in ("split", "adaptive") and len(self.cores) > 1:
             return self.cores[-1:]
         return list(self.cores)
+
+    def chunk(self, threads: int, chunk: int | None) -> int | None:
+        """The next prefill chunk's length: at most `wave_chunk` while `adaptive` holds a core for the wave (the
+        target on fewer than every core), else `chunk` (None: the rest of the prompt in one forward)."""
+        if self.name == "adaptive" and chunk and threads < len(self.cores):
+            return min(int(chunk), self.wave_chunk)
+        return chunk
 
     def threads(self, pending) -> int:
         """The target's threads now: n-1 under `split`, and under `adaptive` while the wave computes."""

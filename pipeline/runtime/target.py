@@ -189,9 +189,10 @@ class Target:
         reuse: take this request's earlier measured prefill on the same threads from `self.memo` (restored KV,
           charged its measured seconds; `last_prefill["spent"]` says what the restore really took).
         prefix_cache: false neither reads nor stores the prefix cache (the cost curve's synthetic prompt).
-        chunk: feed the uncached prompt in chunks of this many tokens (None: one forward); `between()` is called
-          before every chunk after the first (the adaptive schedule sets the thread count there, so the target gets
-          every core back as soon as the wave answers, mid-prefill). Chunked and whole prefill give the same cache."""
+        chunk: feed the uncached prompt in chunks of this many tokens (None: one forward), or a callable asked for
+          each chunk's size (after `between()`); `between()` is called before every chunk after the first (the
+          adaptive schedule sets the thread count there, so the target gets every core back as soon as the wave
+          answers, mid-prefill). Chunked and whole prefill give the same cache."""
         from transformers import DynamicCache
 
         t0, c0 = time.perf_counter(), time.process_time()
@@ -213,14 +214,17 @@ class Target:
             for i, (k, v) in enumerate(layers):
                 self.cache.update(k[..., :done, :], v[..., :done, :], i)
         self.cached_tokens = done
-        step = max(int(chunk), 1) if chunk else max(len(ids) - done, 1)
-        for start in range(done, len(ids), step):
+        size = chunk if callable(chunk) else (lambda: chunk)
+        start = done
+        while start < len(ids):
             if between is not None and start > done:
                 between()
-            end = min(start + step, len(ids))
+            step = size()
+            end = min(start + max(int(step), 1), len(ids)) if step else len(ids)
             x = torch.tensor([ids[start:end]], device=self.device)
             pos = torch.arange(start, end, device=self.device)[None]
             self.model(input_ids=x, position_ids=pos, cache=self.cache, use_cache=True, logits_to_keep=1)
+            start = end
         if store is not None and ids:
             store.store(ids, key, self.cache)
         seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0

@@ -240,6 +240,9 @@ def test_chunked_prefill_equals_one_forward_cold_and_after_a_partial_prefix_hit(
         target.prefill(prefix, chunk=chunk, between=lambda c=chunk: calls.append(c))
         assert torch.allclose(next_logits(), cold, atol=1e-12, rtol=0), chunk
     assert calls.count(5) == -(-len(prefix) // 5) - 1 and calls.count(len(prefix) + 3) == 0  # between chunks only
+    sizes = iter([1, 3, 2, None])  # a callable gives each chunk's length (None: the rest in one forward)
+    target.prefill(prefix, chunk=lambda: next(sizes))
+    assert next(sizes, "used") == "used" and torch.allclose(next_logits(), cold, atol=1e-12, rtol=0)
     # partial reuse: another request shares the first half of the prompt (its KV computed under other tokens after)
     target.prefix_cache = PrefixCache(min_tokens=4)
     half = len(prefix) // 2
@@ -355,6 +358,20 @@ def test_adaptive_schedule_gives_every_core_back_mid_prefill_and_sequential_wait
         assert res.token_ids == ar.token_ids
         prefill_threads = res.stats.threads[:-(len(res.stats.tree_sizes) - 1) or None]
         assert prefill_threads[:3] == [1, 1, 1] and 2 in prefill_threads  # n-1 while it computes, then n
+        # chunks beside the wave are at most `wave_chunk` tokens (a chunk keeps its core until it ends), then full
+        sizes = []
+        hook = target.model.register_forward_pre_hook(
+            lambda m, args, kw: sizes.append(kw["input_ids"].shape[1]), with_kwargs=True)
+        try:
+            short = generate(target, req, "ooo", sidecar=AnswersAfter(3), max_new_tokens=12, prefill_chunk=4,
+                             schedule=Schedule("adaptive", [0, 1], wave_chunk=1))
+        finally:
+            hook.remove()
+        assert short.token_ids == ar.token_ids
+        n_prefill = len(short.stats.threads) - (len(short.stats.tree_sizes) - 1)
+        assert sizes[:3] == [1, 1, 1] and 4 in sizes[3:n_prefill]
+        assert Schedule("adaptive", [0, 1]).chunk(1, 256) == 64 and Schedule("adaptive", [0, 1]).chunk(2, 256) == 256
+        assert Schedule("split", [0, 1]).chunk(1, 256) == 256 and Schedule("adaptive", [0, 1]).chunk(1, None) is None
         seq = generate(target, req, "ooo", sidecar=AnswersAfter(3), schedule=Schedule("sequential", [0, 1]),
                        max_new_tokens=12)
         assert seq.token_ids == ar.token_ids and set(seq.stats.threads) == {2}
