@@ -183,6 +183,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
         while pending.poll() is None and getattr(pending, "error", None) is None:  # the wave first, every core
             time.sleep(0.002)
     set_threads()
+
     def next_chunk() -> int | None:  # the schedule shortens chunks while it holds a core for the wave
         return schedule.chunk(stats.threads[-1], prefill_chunk)
 
