@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ..io import InputError
 from ..schema import param_names
 from .rows import (QUESTION_STYLES, answer_ids, check_question_style, function_question, render_prefix_and_suffixes,
-                   row_messages, slot_question)
+                   slot_question, user_content)
 
 IGNORE = -100
 PAD_SEGMENT = -1
@@ -51,7 +51,7 @@ def row_question(request: dict, row: dict, where: str = "rows", style: str = "lo
         raise InputError(f"{where} (record {rid}): row kind {kind!r}; expected 'function' or 'slot'")
     prompt = row.get("prompt")
     content = prompt[-1].get("content") if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict) else None
-    if not any(content == row_messages(request, q)[-1]["content"] for q in asked.values()):
+    if content not in {user_content(request, q) for q in asked.values()}:
         raise InputError(f"{where} (record {rid}): the {kind} row's prompt does not match the request's dialogue and "
                          f"question {asked['long']!r} (or {asked['short']!r}); the rows were built from a different "
                          "request file or by an older rows.py (rerun `make labels`)")

@@ -116,11 +116,16 @@ def dialogue_text(messages: list[dict]) -> str:
     return "\n".join(out)
 
 
+def user_content(request: dict, question: str) -> str:
+    """The user message of a row: the dialogue, then the row's question."""
+    return "Dialogue:\n" + dialogue_text(request["messages"]) + "\n\nQuestion: " + question
+
+
 def row_messages(request: dict, question: str, compact: bool = True) -> list[dict]:
     """The prompt of one row in chat form (shared system + dialogue first, the row's question last)."""
     return [
         {"role": "system", "content": SYSTEM + "\n\nTools:\n" + tool_block(request["tools"], compact)},
-        {"role": "user", "content": "Dialogue:\n" + dialogue_text(request["messages"]) + "\n\nQuestion: " + question},
+        {"role": "user", "content": user_content(request, question)},
     ]
 
 
