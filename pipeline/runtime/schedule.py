@@ -34,9 +34,9 @@ class Schedule:
             raise ValueError(f"schedule {self.name!r}; expected one of {SCHEDULES}")
 
     @classmethod
-    def on(cls, name: str, threads: int | None = None) -> Schedule:
+    def on(cls, name: str, threads: int | None = None, wave_chunk: int = 64) -> Schedule:
         cores = available_cores()
-        return cls(name, cores[:threads] if threads else cores)
+        return cls(name, cores[:threads] if threads else cores, wave_chunk=wave_chunk)
 
     @property
     def sequential(self) -> bool:

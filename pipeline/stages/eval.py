@@ -33,12 +33,12 @@ from ..sidecar.factory import FACTORY, sidecar_kwargs
 
 KNOWN = {"run", "out", "requests_root", "split", "benchmarks", "targets", "methods", "sidecar", "assistant",
          "schedules", "max_new_tokens", "hf_pld_tokens", "threads", "sidecar_timeout_s", "warmup", "seed",
-         "prefix_cache", "tree_budget", "prefill_once", "drop_busy_rows", "prefill_chunk"}
+         "prefix_cache", "tree_budget", "prefill_once", "drop_busy_rows", "prefill_chunk", "wave_chunk"}
 DEFAULTS = {"out": "eval/results", "requests_root": "data/requests", "split": "test", "schedules": ["adaptive"],
             "max_new_tokens": 256, "hf_pld_tokens": 10, "threads": None, "sidecar_timeout_s": 60.0,
             "methods": list(ALL_METHODS), "sidecar": None, "assistant": None, "warmup": True, "seed": 0,
             "prefix_cache": True, "tree_budget": "auto", "prefill_once": True, "drop_busy_rows": True,
-            "prefill_chunk": None}
+            "prefill_chunk": None, "wave_chunk": 64}
 
 
 def round_robin(requests: dict[str, list[dict]]) -> list[tuple[str, dict]]:
@@ -90,8 +90,11 @@ def run(cfg: dict, recipe: dict) -> Path:
     requests = benchmark_requests(cfg)
     sc = cfg.get("sidecar") or None
     ident = sidecar_identity(sc) if sc and "ooo" in methods else None
-    # rows accumulate over sessions: a sidecar row made with another adapter (or an unrecorded one) is redone
-    writer = ResumableJsonl(run_dir / "rows.jsonl", key="key", redo=lambda row: stale_sidecar_row(row, ident))
+    chunk = wave_chunk(cfg)
+    # rows accumulate over sessions: a sidecar row made with another adapter (or an unrecorded one), or an adaptive
+    # row made with another prefill chunk beside the wave, is redone
+    writer = ResumableJsonl(run_dir / "rows.jsonl", key="key",
+                            redo=lambda row: stale_sidecar_row(row, ident, chunk))
     done = writer.rows()  # by key: a finished ar row is the oracle's hint
     inputs = [Path(cfg["requests_root"]) / b / f"{cfg['split']}.jsonl" for b in requests]
     old = run_dir / "manifest.json"  # rows accumulate over runs: keep the curves of targets measured before
@@ -125,7 +128,7 @@ def run(cfg: dict, recipe: dict) -> Path:
                             peers=peers, max_new_tokens=cfg["max_new_tokens"], seed=cfg["seed"],
                             threads=cfg["threads"], sidecar_timeout_s=cfg["sidecar_timeout_s"],
                             tree_budget=cfg["tree_budget"], prefill_once=cfg["prefill_once"],
-                            prefill_chunk=cfg["prefill_chunk"])
+                            prefill_chunk=cfg["prefill_chunk"], wave_chunk=cfg["wave_chunk"])
             try:
                 if cfg["warmup"]:
                     runner.warmup(todo[0][1])
@@ -135,6 +138,8 @@ def run(cfg: dict, recipe: dict) -> Path:
                 for bench, req in tqdm(todo, desc=f"eval {tname}", unit="req"):
                     for row in runner.run(bench, req, done):
                         stamp = {"sidecar": ident} if uses_sidecar(row["method"]) else {}
+                        if row.get("schedule") == "adaptive":
+                            stamp["wave_chunk"] = chunk
                         writer.write({**row, "machine": where, **stamp})
             finally:
                 runner.close()
@@ -149,11 +154,20 @@ def run(cfg: dict, recipe: dict) -> Path:
     return run_dir
 
 
-def stale_sidecar_row(row: dict, ident: dict | None) -> bool:
+def wave_chunk(cfg: dict) -> int | None:
+    """The longest prefill chunk of an adaptive row while the wave holds a core (None: prefill is not chunked)."""
+    return min(int(cfg["prefill_chunk"]), int(cfg["wave_chunk"])) if cfg.get("prefill_chunk") else None
+
+
+def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None) -> bool:
     """True for a row of a sidecar method whose adapter is not the recipe's (by the weights' sha256), or unrecorded:
-    its figures belong to another sidecar, so a resumed run measures it again. Rows of every other method stay."""
+    its figures belong to another sidecar, so a resumed run measures it again; and for an adaptive row whose prefill
+    chunk beside the wave (`wave_chunk`, None when unrecorded: rows before it prefilled whole chunks) is not `chunk`.
+    Rows of every other method stay."""
     if not uses_sidecar(row.get("method", "")) or ident is None:
         return False
+    if row.get("schedule") == "adaptive" and row.get("wave_chunk") != chunk:
+        return True
     made = row.get("sidecar") or {}
     return (made.get("adapter_sha256") != ident["adapter_sha256"] or made.get("model") != ident["model"]
             or made.get("merged", False) != ident.get("merged", False) or made.get("wave", 1) != ident.get("wave", 1))

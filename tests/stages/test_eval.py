@@ -106,6 +106,16 @@ def test_a_sidecar_row_is_stale_when_its_adapter_changed():
     assert not eval_stage.stale_sidecar_row({"method": "ar"}, ident)
     assert not eval_stage.stale_sidecar_row({"method": "ooo-oracle"}, ident)  # its hint is ar's text, no sidecar
     assert not eval_stage.stale_sidecar_row({"method": "ooo"}, None)  # a run without ooo keeps every row
+    # an adaptive row prefilled beside the wave in other chunks: measured again (unrecorded = whole chunks)
+    adaptive = {"method": "ooo", "schedule": "adaptive", "sidecar": newer}
+    assert eval_stage.stale_sidecar_row(adaptive, newer, 64)
+    assert not eval_stage.stale_sidecar_row({**adaptive, "wave_chunk": 64}, newer, 64)
+    assert eval_stage.stale_sidecar_row({**adaptive, "wave_chunk": 64}, newer, 32)
+    assert not eval_stage.stale_sidecar_row(adaptive, newer, None)
+    assert not eval_stage.stale_sidecar_row({**adaptive, "schedule": "sequential"}, newer, 64)
+    assert eval_stage.wave_chunk({"prefill_chunk": 256, "wave_chunk": 64}) == 64
+    assert eval_stage.wave_chunk({"prefill_chunk": 32, "wave_chunk": 64}) == 32
+    assert eval_stage.wave_chunk({"prefill_chunk": None, "wave_chunk": 64}) is None
 
 
 def test_prefill_once_per_request_and_threads(setup):
