@@ -52,6 +52,8 @@ DEFAULTS = {
                                   # where native, else float32)
     "attn_implementation": "sdpa",  # sdpa or eager (both take the packed 4-D mask; flash-attention does not)
     "threads": None,              # torch CPU threads (null: torch's default)
+    "init_adapter": None,         # a finished adapter folder to continue from (its weights, rank, layers and
+                                  # modules; fresh optimizer and schedule): another epoch with a new recipe
     "overwrite": False,           # retrain a finished output whose recipe changed
 }
 SECTIONS = ("train", "sft", "lora")
@@ -95,9 +97,44 @@ def resolve(config: dict, where: str) -> dict:
     from ..sidecar.rows import QUESTION_STYLES
     if train["questions"] not in QUESTION_STYLES:
         raise InputError(f"{where}: train.questions={train['questions']!r}; expected one of {', '.join(QUESTION_STYLES)}")
+    if train["init_adapter"]:
+        check_init_adapter(train, lora, where)
     name = config.get("recipe_name", "default")
     sft.setdefault("output_dir", f"checkpoints/sidecar/{name}")
     return {"recipe_name": name, "train": train, "sft": sft, "lora": lora}
+
+
+INIT_LORA_KEYS = ("r", "lora_alpha", "target_modules", "layers_to_transform", "bias")
+
+
+def check_init_adapter(train: dict, lora: dict, where: str) -> None:
+    """`train.init_adapter` is a finished adapter of the same base model, asked its questions in the same style; the
+    recipe's `lora:` section, where it sets the adapter's shape (rank, alpha, modules, layers, bias), must agree with
+    the adapter's own config (the adapter keeps its shape; a disagreement would be silently ignored)."""
+    folder = Path(train["init_adapter"])
+    cfg_path = folder / "adapter_config.json"
+    if not cfg_path.is_file() or not (folder / "adapter_model.safetensors").is_file():
+        raise InputError(f"{where}: train.init_adapter={str(folder)!r} is not a finished adapter (no "
+                         "adapter_config.json / adapter_model.safetensors); train it first (make train RECIPE=...)")
+    cfg = read_json(cfg_path)
+    base = cfg.get("base_model_name_or_path")
+    if base and Path(base).resolve() != Path(train["model"]).resolve() and base != train["model"]:
+        raise InputError(f"{cfg_path}: adapter of base model {base!r}, but train.model is {train['model']!r}")
+    for key in INIT_LORA_KEYS:
+        if key in lora and key in cfg:
+            mine, theirs = lora[key], cfg[key]
+            if isinstance(mine, (list, tuple, set)) and isinstance(theirs, (list, tuple, set)):
+                mine, theirs = sorted(mine), sorted(theirs)
+            if mine != theirs:
+                raise InputError(f"{where}: lora.{key}={lora[key]!r} but train.init_adapter {str(folder)!r} has "
+                                 f"{key}={cfg[key]!r}; set it as the adapter has it (or remove it)")
+    done = folder / "recipe.yaml"
+    if done.is_file():
+        made = (yaml.safe_load(done.read_text(encoding="utf-8")) or {}).get("train") or {}
+        for key in ("compact", "questions"):
+            if key in made and made[key] != train[key]:
+                raise InputError(f"{where}: train.{key}={train[key]!r} but train.init_adapter {str(folder)!r} was "
+                                 f"trained with {key}={made[key]!r} ({done})")
 
 
 def expand(patterns, key: str) -> list[Path]:
@@ -209,6 +246,8 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
 
     # Load data
     requests, rows, inputs, skipped, sources = load_rows(train)
+    if train["init_adapter"]:  # the manifest records the weights continued from (a changed one retrains)
+        inputs = inputs + [Path(train["init_adapter"]) / "adapter_model.safetensors"]
     if not rows:
         raise InputError(f"train: no rows to train on (skipped requests: {skipped})")
     tokenizer = AutoTokenizer.from_pretrained(train["model"])
@@ -233,6 +272,11 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
     model = AutoModelForCausalLM.from_pretrained(train["model"], dtype=dtype,
                                                  attn_implementation=train["attn_implementation"])
     lora = LoraConfig(**{"task_type": "CAUSAL_LM", **lora_kw})
+    if train["init_adapter"]:  # continue a finished adapter: its weights and shape, a fresh optimizer and schedule
+        from peft import PeftModel
+
+        model, lora = PeftModel.from_pretrained(model, train["init_adapter"], is_trainable=True), None
+        print(f"continuing from the adapter {train['init_adapter']}", file=sys.stderr)
 
     # Train
     trainer = PackedSFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
@@ -279,8 +323,9 @@ def _same_recipe(a: dict, b: dict) -> bool:
 
 def input_files(train: dict) -> list[Path]:
     """The files a recipe reads (requests, then row files), as the manifest records them."""
+    init = [Path(train["init_adapter"]) / "adapter_model.safetensors"] if train.get("init_adapter") else []
     return expand(train["requests"], "requests") + [p for src in train["rows"] if src != GOLD
-                                                    for p in expand([src], "rows")]
+                                                    for p in expand([src], "rows")] + init
 
 
 def changed_inputs(manifest: dict, train: dict) -> list[str]:

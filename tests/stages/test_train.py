@@ -123,6 +123,43 @@ def test_row_sources_first_wins_per_request_and_inputs_decide_a_rerun(model_dir,
         train.main(args)
 
 
+def test_continues_from_a_finished_adapter(model_dir, tmp_path):
+    """`train.init_adapter`: the run starts from the adapter's weights (at learning rate 0 it ends on them; a fresh
+    adapter's B matrices are zero), the manifest records the adapter as an input (a changed one retrains), and an
+    adapter of another shape or question style is a clear error."""
+    from safetensors.torch import load_file
+
+    first = tmp_path / "first"
+    assert train.main(["--recipe", RECIPE, *overrides(model_dir, first)]) == 0
+    before = load_file(first / "adapter_model.safetensors")
+    assert any(v.abs().max() > 0 for k, v in before.items() if "lora_B" in k)
+
+    def cont(out, *extra):
+        return ["--recipe", RECIPE, *overrides(model_dir, out, f"train.init_adapter={first}",
+                                               "sft.learning_rate=0.0", "sft.max_steps=2", *extra)]
+
+    second = tmp_path / "second"
+    assert train.main(cont(second)) == 0
+    after = load_file(second / "adapter_model.safetensors")
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    inputs = read_json(second / "manifest.json")["inputs"]
+    assert str(first / "adapter_model.safetensors") in inputs
+    fresh = tmp_path / "fresh"  # the control: without init_adapter the same run ends on zero B matrices
+    assert train.main(["--recipe", RECIPE, *overrides(model_dir, fresh, "sft.learning_rate=0.0",
+                                                      "sft.max_steps=2")]) == 0
+    assert all(v.abs().max() == 0 for k, v in load_file(fresh / "adapter_model.safetensors").items()
+               if "lora_B" in k)
+
+    with pytest.raises(InputError, match=r"lora.r=8 but train.init_adapter .* has r=4"):
+        train.main(cont(tmp_path / "bad", "lora.r=8"))
+    with pytest.raises(InputError, match=r"questions='short' but train.init_adapter .* trained with questions='long'"):
+        train.main(cont(tmp_path / "bad", "train.questions=short"))
+    with pytest.raises(InputError, match="is not a finished adapter"):
+        train.main(cont(tmp_path / "bad", f"train.init_adapter={tmp_path / 'none'}"))
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.parametrize("key,match", [
     ("sft.learning_rat=1e-4", r"unknown key\(s\) \['learning_rat'\] in section 'sft'; expected one of .*'learning_rate'"),
     ("lora.rank=8", r"unknown key\(s\) \['rank'\] in section 'lora'; expected one of .*'lora_alpha'"),
