@@ -34,7 +34,7 @@ import time
 from .hardware import cpu_sample, cpu_usage
 from .runtime import Sidecar, generate, warm_up
 from .methods import ALL_METHODS, PEERS, uses_sidecar, variant
-from .runtime.schedule import Schedule
+from .runtime.schedule import WAVE_CHUNK, Schedule
 
 
 
@@ -181,7 +181,7 @@ class Runner:
                  sidecar: dict | None = None, peers: HFPeers | None = None, max_new_tokens: int = 256,
                  seed: int = 0, threads: int | None = None, sidecar_timeout_s: float = 60.0,
                  tree_budget: str = "auto", prefill_once: bool = True, prefill_chunk: int | None = None,
-                 wave_chunk: int = 64):
+                 wave_chunk: int = WAVE_CHUNK):
         from .runtime.target import PrefillMemo
 
         self.target, self.run_name, self.max_new_tokens, self.seed = target, run, max_new_tokens, seed

@@ -1,26 +1,17 @@
 """scripts/bench_prefill.py on a tiny float64 model: the timing table, and `--greedy` finds no output that a chunked
 prefill changes (exact arithmetic), while `first_difference` locates one where there is."""
 
-import importlib.util
 from pathlib import Path
 
 FIXTURES = Path(__file__).parent / "fixtures" / "requests.jsonl"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("bench_prefill", Path(__file__).parents[1] / "scripts" /
-                                                  "bench_prefill.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_bench_prefill_greedy_outputs_on_a_tiny_float64_model(tmp_path, capsys):
+def test_bench_prefill_greedy_outputs_on_a_tiny_float64_model(load_script, tmp_path, capsys):
     from pipeline.io import read_json
     from pipeline.testing import make_tiny_model_dir
 
     make_tiny_model_dir(tmp_path / "tiny", "qwen2")
-    script = _script()
+    script = load_script("bench_prefill")
     report = script.main(["--model", str(tmp_path / "tiny"), "--requests", str(FIXTURES), "--per-file", "2",
                           "--chunks", "3", "8", "--reps", "1", "--threads", "1", "--dtype", "float64",
                           "--greedy", "6", "--out", str(tmp_path / "r.json")])

@@ -1,21 +1,12 @@
 """scripts/bench_runtime.py runs the shared runner end to end on a tiny model and prints the report's table."""
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 FIXTURES = Path(__file__).parent / "fixtures" / "requests.jsonl"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("bench_runtime", Path(__file__).parents[1] / "scripts" /
-                                                  "bench_runtime.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_bench_runtime_on_a_tiny_model(tmp_path, capsys, monkeypatch):
+def test_bench_runtime_on_a_tiny_model(load_script, tmp_path, capsys, monkeypatch):
     from pipeline.io import read_jsonl
     from pipeline.testing import make_tiny_model_dir
 
@@ -23,9 +14,10 @@ def test_bench_runtime_on_a_tiny_model(tmp_path, capsys, monkeypatch):
     make_tiny_model_dir(tmp_path / "tiny", "qwen2")
     shutil.copy(FIXTURES, tmp_path / "req.jsonl")
     out = tmp_path / "rows.jsonl"
-    rc = _script().main(["--target", str(tmp_path / "tiny"), "--requests", str(tmp_path / "req.jsonl"), "-n", "2",
-                         "--methods", "ar,toolspec,ooo", "--schedules", "adaptive", "split", "--max-new-tokens", "8",
-                         "--threads", "1", "--out", str(out)])
+    rc = load_script("bench_runtime").main([
+        "--target", str(tmp_path / "tiny"), "--requests", str(tmp_path / "req.jsonl"), "-n", "2",
+        "--methods", "ar,toolspec,ooo", "--schedules", "adaptive", "split", "--max-new-tokens", "8",
+        "--threads", "1", "--out", str(out)])
     assert rc == 0
     rows = read_jsonl(out)
     assert {r["variant"] for r in rows} == {"ar", "toolspec", "ooo@adaptive", "ooo@split"} and len(rows) == 8

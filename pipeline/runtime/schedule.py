@@ -21,20 +21,21 @@ from dataclasses import dataclass
 from pipeline.hardware import available_cores
 
 SCHEDULES = ("all-cores", "split", "colocated", "adaptive", "sequential")
+WAVE_CHUNK = 64  # the default longest prefill chunk while the target runs on n-1 cores beside the wave (adaptive)
 
 
 @dataclass
 class Schedule:
     name: str
     cores: list[int]
-    wave_chunk: int = 64    # the longest prefill chunk while the target runs on n-1 cores beside the wave (adaptive)
+    wave_chunk: int = WAVE_CHUNK
 
     def __post_init__(self):
         if self.name not in SCHEDULES:
             raise ValueError(f"schedule {self.name!r}; expected one of {SCHEDULES}")
 
     @classmethod
-    def on(cls, name: str, threads: int | None = None, wave_chunk: int = 64) -> Schedule:
+    def on(cls, name: str, threads: int | None = None, wave_chunk: int = WAVE_CHUNK) -> Schedule:
         cores = available_cores()
         return cls(name, cores[:threads] if threads else cores, wave_chunk=wave_chunk)
 
@@ -66,4 +67,4 @@ class Schedule:
         return n
 
 
-__all__ = ["Schedule", "SCHEDULES"]
+__all__ = ["Schedule", "SCHEDULES", "WAVE_CHUNK"]

@@ -29,6 +29,7 @@ from ..methods import uses_sidecar
 from ..recipes import load_recipe, section
 from ..requests import load_requests
 from ..runner import ALL_METHODS, PEERS, HFPeers, Runner, variant, variants
+from ..runtime.schedule import WAVE_CHUNK
 from ..sidecar.factory import FACTORY, sidecar_kwargs
 
 KNOWN = {"run", "out", "requests_root", "split", "benchmarks", "targets", "methods", "sidecar", "assistant",
@@ -38,7 +39,7 @@ DEFAULTS = {"out": "eval/results", "requests_root": "data/requests", "split": "t
             "max_new_tokens": 256, "hf_pld_tokens": 10, "threads": None, "sidecar_timeout_s": 60.0,
             "methods": list(ALL_METHODS), "sidecar": None, "assistant": None, "warmup": True, "seed": 0,
             "prefix_cache": True, "tree_budget": "auto", "prefill_once": True, "drop_busy_rows": True,
-            "prefill_chunk": None, "wave_chunk": 64}
+            "prefill_chunk": None, "wave_chunk": WAVE_CHUNK}
 
 
 def round_robin(requests: dict[str, list[dict]]) -> list[tuple[str, dict]]:

@@ -246,8 +246,7 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
 
     # Load data
     requests, rows, inputs, skipped, sources = load_rows(train)
-    if train["init_adapter"]:  # the manifest records the weights continued from (a changed one retrains)
-        inputs = inputs + [Path(train["init_adapter"]) / "adapter_model.safetensors"]
+    inputs = inputs + init_weights(train)  # the manifest records the weights continued from (a changed one retrains)
     if not rows:
         raise InputError(f"train: no rows to train on (skipped requests: {skipped})")
     tokenizer = AutoTokenizer.from_pretrained(train["model"])
@@ -323,9 +322,13 @@ def _same_recipe(a: dict, b: dict) -> bool:
 
 def input_files(train: dict) -> list[Path]:
     """The files a recipe reads (requests, then row files), as the manifest records them."""
-    init = [Path(train["init_adapter"]) / "adapter_model.safetensors"] if train.get("init_adapter") else []
     return expand(train["requests"], "requests") + [p for src in train["rows"] if src != GOLD
-                                                    for p in expand([src], "rows")] + init
+                                                    for p in expand([src], "rows")] + init_weights(train)
+
+
+def init_weights(train: dict) -> list[Path]:
+    """The weights file of `train.init_adapter` (an input of the run), or nothing."""
+    return [Path(train["init_adapter"]) / "adapter_model.safetensors"] if train.get("init_adapter") else []
 
 
 def changed_inputs(manifest: dict, train: dict) -> list[str]:
