@@ -249,6 +249,13 @@ def run(cfg: LabelsConfig, recipe: dict | None = None) -> dict:
     for split, (labels, rows) in results.items():
         write_jsonl(out_dir / f"{split}.jsonl", labels)
         write_jsonl(out_dir / "rows" / f"{split}.jsonl", rows)
+    # the splits another recipe labelled into this folder (e.g. the test requests `make sidecar-eval` judges) stay
+    before = read_json(out_dir / "stats.json") if (out_dir / "stats.json").is_file() else {}
+    others = [s for s in before if s not in cfg.splits and (out_dir / f"{s}.jsonl").is_file()]
+    if others:
+        stats = {**{s: before[s] for s in others}, **stats}
+        if (out_dir / "rejected.jsonl").is_file():
+            rejected_all = [r for _, r in iter_jsonl(out_dir / "rejected.jsonl") if r.get("split") in others] + rejected_all
     write_jsonl(out_dir / "rejected.jsonl", rejected_all)
     write_json(out_dir / "stats.json", stats)
     trace_manifest = traces_dir / "manifest.json"

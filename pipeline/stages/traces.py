@@ -48,6 +48,8 @@ class TracesConfig:
     benchmarks: list[str] | str = "all"     # "all" = every folder under <data_dir>/requests
     splits: list[str] = field(default_factory=lambda: ["train", "dev"])
     limit: int | None = None                # per split: first N of a seeded shuffle (raising it extends the sample)
+    pick: str = "shuffle"                   # or "even": `limit` evenly spaced requests per file, the selection
+                                            # `make sidecar-eval` judges (the target's own calls on its requests)
     seed: int = 0
     batch_size: int = 4                     # transformers / gold (vllm batches by itself)
     max_batch_tokens: int | None = None     # transformers: cap on batch x longest prompt (long prompts run alone)
@@ -67,6 +69,7 @@ class TracesConfig:
     tiny_family: str | None = None          # tests/smoke: build a tiny random model at `model` if it is missing
 
 
+PICKS = ("shuffle", "even")
 TOP_KEYS = {"recipe_name", "teacher", "data_dir", "benchmarks", "splits", "traces", "labels"}
 TRACE_KEYS = set(TracesConfig.__dataclass_fields__) - {"teacher", "data_dir", "benchmarks", "splits"}
 
@@ -87,6 +90,8 @@ def resolve(config: dict, where_: str = "recipe") -> TracesConfig:
         raise InputError(f"{where_}: traces.backend {cfg.backend!r}; expected one of {BACKENDS}")
     if isinstance(cfg.splits, str):
         cfg.splits = [cfg.splits]
+    if cfg.pick not in PICKS:
+        raise InputError(f"{where_}: traces.pick={cfg.pick!r}; expected one of {PICKS}")
     return cfg
 
 
@@ -108,9 +113,12 @@ def request_files(data_dir: str | Path, benchmarks: list[str] | str, split: str)
     return files
 
 
-def split_requests(files: list[Path], limit: int | None = None, seed: int = 0) -> list[dict]:
+def split_requests(files: list[Path], limit: int | None = None, seed: int = 0, pick: str = "shuffle") -> list[dict]:
     """The requests of one split's files (checked, gold required) in a seeded shuffle over all of them, so a run
-    stopped early holds a sample of every benchmark; with `limit`, the first N (raising it extends the sample)."""
+    stopped early holds a sample of every benchmark; with `limit`, the first N (raising it extends the sample).
+    `pick="even"`: `limit` evenly spaced requests of each file, in file order (as `make sidecar-eval` picks them)."""
+    if pick == "even":
+        return load_requests(files, limit, "even", require_gold=True)
     return sample(load_requests(files, require_gold=True), limit, "shuffle", seed)
 
 
@@ -405,7 +413,7 @@ def run(cfg: TracesConfig, recipe: dict | None = None) -> dict:
     jobs = []
     for split in cfg.splits:
         files = request_files(cfg.data_dir, cfg.benchmarks, split)
-        jobs.append((split, files, split_requests(files, cfg.limit, cfg.seed)))
+        jobs.append((split, files, split_requests(files, cfg.limit, cfg.seed, cfg.pick)))
     backend = load_backend(cfg)
     report: dict = {}
     complete = False
@@ -415,14 +423,17 @@ def run(cfg: TracesConfig, recipe: dict | None = None) -> dict:
         complete = True
     finally:  # finished or stopped: the manifest says how far the files got, and the folder is sealed
         out_dir = Path(cfg.data_dir) / "traces" / cfg.teacher
-        old = out_dir / "manifest.json"
-        runs = (read_json(old).get("runs") or []) if old.is_file() else []
+        old = read_json(out_dir / "manifest.json") if (out_dir / "manifest.json").is_file() else {}
+        runs = old.get("runs") or []
         this = {"machine": machine(cfg.dtype, cfg.threads), "complete": complete, "report": report,
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        progress = {split: {"requested": len(reqs), "done": count_rows(out_dir / f"{split}.jsonl")}
-                    for split, _, reqs in jobs}
+                "recipe": (recipe or {}).get("recipe_name"), "splits": cfg.splits, "limit": cfg.limit,
+                "pick": cfg.pick, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        progress = {split: p for split, p in (old.get("progress") or {}).items()  # splits of other runs stay
+                    if (out_dir / f"{split}.jsonl").is_file()}
+        progress.update({split: {"requested": len(reqs), "done": count_rows(out_dir / f"{split}.jsonl")}
+                         for split, _, reqs in jobs})
         write_manifest(out_dir, "traces", {"recipe": recipe, "resolved": asdict(cfg)},
-                       [f for _, files, _ in jobs for f in files],
+                       [*(old.get("inputs") or {}), *(f for _, files, _ in jobs for f in files)],  # other splits' too
                        extra={"machine": this["machine"], "gold": cfg.backend == "gold", "backend": cfg.backend,
                               "engine": engine_version(cfg.backend), "run": report, "complete": complete,
                               "progress": progress, "runs": runs + [this]})

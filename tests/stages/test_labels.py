@@ -199,3 +199,45 @@ def test_partial_traces_of_a_run_in_progress(tmp_path, tokenizer_dir):
         labels.main(["--recipe", str(write_recipe(tmp_path))])
     stats = labels.main(["--recipe", str(write_recipe(tmp_path, allow_partial=True))])["train"]
     assert stats["traces"] == stats["labels"] == 4
+
+
+def test_a_second_recipe_adds_the_sidecar_eval_test_requests_beside_train(tmp_path, tokenizer_dir):
+    """`traces.pick: even` runs the requests `make sidecar-eval` picks (limit evenly spaced per file); its split lands
+    beside the train split in the same folders, whose progress, stats and rejects stay."""
+    from pipeline.requests import load_requests
+
+    requests = list(REQS.values())
+    setup_gold_run(tmp_path, requests, tokenizer_dir)
+    labels.main(["--recipe", str(write_recipe(tmp_path))])
+    bad = dict(requests[0], id="fixture/bad", gold=[{"name": "no_such_tool", "arguments": {}}])
+    with open(tmp_path / "requests" / "fixture" / "train.jsonl", "a") as f:  # one rejected train trace
+        f.write(json.dumps(bad) + "\n")
+    traces.main(["--recipe", str(write_recipe(tmp_path))])
+    labels.main(["--recipe", str(write_recipe(tmp_path))])
+    files = []
+    for bench in ("a", "b"):
+        path = tmp_path / "requests" / bench / "test.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(json.dumps(dict(r, id=f"{bench}/{i}")) + "\n"
+                                for i, r in enumerate(requests * 3)))
+        files.append(path)
+    test_recipe = yaml.safe_load(write_recipe(tmp_path).read_text())
+    test_recipe.update(splits=["test"], benchmarks=["a", "b"])
+    test_recipe["traces"].update(limit=5, pick="even")
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test_recipe))
+    traces.main(["--recipe", str(tmp_path / "test.yaml")])
+    stats = labels.main(["--recipe", str(tmp_path / "test.yaml")])
+
+    picked = [r["id"] for r in load_requests(files, 5, "even")]  # sidecar_eval's selection
+    assert len(picked) == 10 and picked != [f"a/{i}" for i in range(5)] + [f"b/{i}" for i in range(5)]
+    assert sorted(r["id"] for r in read_jsonl(tmp_path / "traces" / "t" / "test.jsonl")) == sorted(picked)
+    assert sorted(r["id"] for r in read_jsonl(tmp_path / "labels" / "t" / "test.jsonl")) == sorted(picked)
+    manifest = read_json(tmp_path / "traces" / "t" / "manifest.json")
+    assert manifest["progress"] == {"train": {"requested": 5, "done": 5}, "test": {"requested": 10, "done": 10}}
+    assert [(r["splits"], r["pick"]) for r in manifest["runs"]] == [(["train"], "shuffle")] * 2 + [(["test"], "even")]
+    assert str(tmp_path / "requests" / "fixture" / "train.jsonl") in manifest["inputs"]
+    assert set(stats) == {"train", "test"} and stats["train"]["labels"] == 4 and stats["test"]["labels"] == 10
+    assert [r["id"] for r in read_jsonl(tmp_path / "labels" / "t" / "rejected.jsonl")] == ["fixture/bad"]
+    assert len(read_jsonl(tmp_path / "labels" / "t" / "train.jsonl")) == 4
+    with pytest.raises(InputError, match="traces.pick='random'; expected one of"):
+        traces.main(["--recipe", str(tmp_path / "test.yaml"), "traces.pick=random"])
