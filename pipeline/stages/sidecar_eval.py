@@ -10,7 +10,8 @@ match) where a request has one, gold otherwise; the table says which. Metrics: `
 Writes into `<out>` (default `<adapter>/sidecar_eval/`):
     predictions.jsonl   one row per request (function answer, every slot answer, payload, timings); a rerun with the
                         same model, adapter weights and settings resumes from it, other settings start it afresh
-    accuracy.json       summary by benchmark + all, skipped requests, config; accuracy.md the table; manifest.json
+    accuracy.json       summary by benchmark + all, skipped requests, config; with labels also `summary_gold`, the
+                        same predictions judged against gold only; accuracy.md the table(s); manifest.json
 """
 
 from __future__ import annotations
@@ -162,14 +163,8 @@ def _stale(path: Path, fp: str) -> bool:
         return True
 
 
-def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
-    """Predict, score, write; returns what accuracy.json holds."""
-    paths, labels_files = request_paths(cfg), label_paths(cfg)
-    requests = load_requests(paths, cfg.limit, how="even")
-    labels = load_labels(labels_files)
-    out = out_dir(cfg)
-    rows = predict(cfg, requests, out / "predictions.jsonl")
-
+def score(requests: list[dict], rows: dict[str, dict], labels: dict[str, dict]) -> dict:
+    """The summary of `rows` judged by each request's label where `labels` has one, else by its gold call."""
     scores, skipped = [], {}
     for req in requests:
         group = f"{req.get('benchmark', '?')}/{req.get('split', '?')}"
@@ -182,18 +177,36 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
         s = score_request(req, row_prediction(row), ref)
         s.update(group=group, latency_s=row["timings"].get("total"), n_prompts=row["n_prompts"])
         scores.append(s)
-    summary = summarize(scores, skipped)
+    return summarize(scores, skipped)
+
+
+def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
+    """Predict, score, write; returns what accuracy.json holds."""
+    paths, labels_files = request_paths(cfg), label_paths(cfg)
+    requests = load_requests(paths, cfg.limit, how="even")
+    labels = load_labels(labels_files)
+    out = out_dir(cfg)
+    rows = predict(cfg, requests, out / "predictions.jsonl")
+
+    summary = score(requests, rows, labels)
+    # the same predictions against the benchmarks' gold calls alone: how far the target's calls (what a hint must
+    # match) and gold differ, and a figure comparable with runs that had no labels
+    summary_gold = score(requests, rows, {}) if labels else None
     config = {k: v for k, v in asdict(cfg).items() if k not in ("fresh", "threads", "batch")}
     inputs = [*paths, *map(str, labels_files)]
-    result = {"summary": summary, "reference": summary["all"]["reference"], "config": config,
-              "inputs": {p: sha256_file(p) for p in inputs}, "predictions": str(out / "predictions.jsonl")}
+    result = {"summary": summary, "reference": summary["all"]["reference"], "summary_gold": summary_gold,
+              "config": config, "inputs": {p: sha256_file(p) for p in inputs},
+              "predictions": str(out / "predictions.jsonl")}
     write_json(out / "accuracy.json", result)
     table = markdown_table(summary)
+    if summary_gold:
+        table += "\nThe same predictions judged against gold only:\n\n" + markdown_table(summary_gold)
     with atomic_open(out / "accuracy.md") as f:
         f.write(table)
     write_manifest(out, "sidecar_eval", {"recipe": recipe, "resolved": config}, inputs)
     seal(out)
-    print(table + f"\nwrote {out} ({len(scores)} scored, {sum(skipped.values())} skipped without a reference call)")
+    print(table + f"\nwrote {out} ({summary['all']['requests']} scored, {summary['all']['skipped']} skipped without a "
+                  "reference call)")
     return result
 
 

@@ -139,6 +139,9 @@ def model_card(repo: str, adapter_config: dict, recipe_path: Path | None, recipe
                   "(BFCL acceptable values where present), null P/R with `null` as the positive class, "
                   "call EM on the joined payload, wave latency on the evaluating machine.", "",
                   markdown_table(accuracy["summary"]).strip()]
+        if accuracy.get("summary_gold"):
+            lines += ["", "The same predictions against the benchmarks' gold calls only:", "",
+                      markdown_table(accuracy["summary_gold"]).strip()]
     else:
         lines += ["Not measured yet (`make sidecar-eval`)."]
     lines += ["", "## Usage", "", "With peft:", "", "```python",

@@ -93,9 +93,13 @@ def test_labels_of_the_teacher_win_over_gold(tmp_path, monkeypatch):
     all_ = result["summary"]["all"]
     assert all_["reference"] == "labels 1 + gold 3" and all_["function_accuracy"] == 0.75  # the label says tool 1
     assert str(folder / "dev.jsonl") in result["inputs"]
+    gold = result["summary_gold"]["all"]  # the same predictions judged by gold alone, beside
+    assert gold["reference"] == "gold" and gold["function_accuracy"] == 1.0
+    assert "judged against gold only" in (tmp_path / "out" / "accuracy.md").read_text()
     result = sidecar_eval.main(["--recipe", write_recipe(tmp_path, teacher="nobody", data_dir=str(tmp_path / "data"),
                                                          out=str(tmp_path / "gold-only"))])
     assert result["summary"]["all"]["reference"] == "gold"  # no labels yet: gold everywhere, and it says so
+    assert result["summary_gold"] is None and "gold only" not in (tmp_path / "gold-only" / "accuracy.md").read_text()
 
 
 def test_bad_recipes_and_requests_are_clear_errors(tmp_path, monkeypatch):

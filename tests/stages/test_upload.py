@@ -7,7 +7,7 @@ import shutil
 import huggingface_hub
 import pytest
 
-from pipeline.io import InputError
+from pipeline.io import InputError, read_json, write_json
 from pipeline.stages import upload as up
 
 
@@ -170,7 +170,11 @@ def test_main_takes_the_adapter_from_a_recipe(adapter, hub, tmp_path, monkeypatc
 
 def test_card_reads_the_accuracy_that_make_sidecar_eval_writes(adapter, hub):
     (adapter / "sidecar_eval").mkdir()
-    (adapter / "accuracy.json").rename(adapter / "sidecar_eval" / "accuracy.json")
+    accuracy = read_json(adapter / "accuracy.json")
+    (adapter / "accuracy.json").unlink()
+    gold = {g: dict(m, requests=9) for g, m in accuracy["summary"].items()}  # judged by labels, and by gold alone
+    write_json(adapter / "sidecar_eval" / "accuracy.json", dict(accuracy, reference="labels", summary_gold=gold))
     up.upload(adapter, "user/x", dry_run=True)
     card = (adapter / "README.md").read_text()
     assert "| bfcl/test | 10 |" in card and "Not measured yet" not in card
+    assert card.index("Against labels calls") < card.index("gold calls only") < card.index("| bfcl/test | 9 |")
