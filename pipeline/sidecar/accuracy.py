@@ -22,7 +22,9 @@ The stage that runs the wave and writes the table is `pipeline.stages.sidecar_ev
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 from ..io import InputError, iter_jsonl, where
 from ..recipes import load_recipe, section
@@ -81,6 +83,114 @@ def score_request(request: dict, pred: dict, ref: dict) -> dict:
     s["payload_bytes"] = pred.get("payload_bytes", 0) if payload is not None else 0
     s["others"] = len(payload.get("others") or {}) if payload is not None else 0
     return s
+
+
+# ---------------------------------------------------------------- where the misses are
+
+# (category, what it means), in the order the misses table lists them
+MISS_KINDS = [
+    ("function", "the function answer names another tool (its slots are not judged further)"),
+    ("null", "answered null where the reference sets the parameter"),
+    ("unparsed", "the answer is not JSON"),
+    ("extra", "set a value where the reference omits the parameter"),
+    ("type", "a value of another JSON type (e.g. \"5\" for 5, a string for a list)"),
+    ("case/space", "a string equal to the reference's but for case, spaces or punctuation"),
+    ("partial", "a string inside the reference's, or the reference's inside it (a span cut short or run on)"),
+    ("string", "another string"),
+    ("number", "another number"),
+    ("list/object", "a list or object that differs"),
+    ("other", "none of the above (e.g. another boolean)"),
+]
+_LOOSE = re.compile(r"[\W_]+")
+
+
+def _json_kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(v), "null" if v is None else "other")
+
+
+def miss_kind(value: Any, reference: Any) -> str:
+    """The category of a wrong slot answer `value` (None = null) against the reference's value (None = omitted)."""
+    if isinstance(value, Unknown):
+        return "unparsed"
+    if value is None:
+        return "null"
+    if reference is None:
+        return "extra"
+    kind, ref_kind = _json_kind(value), _json_kind(reference)
+    if kind != ref_kind:
+        return "type"
+    if kind == "string":
+        a, b = _LOOSE.sub("", value).lower(), _LOOSE.sub("", reference).lower()
+        if a == b:
+            return "case/space"
+        return "partial" if a and b and (a in b or b in a) else "string"
+    return {"number": "number", "list": "list/object", "object": "list/object"}.get(kind, "other")
+
+
+def conversation_text(request: dict) -> str:
+    """The text of a request's messages (what a value could be copied from), lower case."""
+    parts = []
+    for m in request.get("messages") or []:
+        content = m.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts += [c.get("text", "") for c in content if isinstance(c, dict)]
+    return "\n".join(parts).lower()
+
+
+def in_conversation(value: Any, text: str) -> bool:
+    """A reference value written out in the conversation: a string verbatim (any case), a number as written."""
+    if isinstance(value, str):
+        return bool(value.strip()) and value.strip().lower() in text
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        forms = {str(value), json.dumps(value)} | ({str(int(value))} if float(value).is_integer() else set())
+        return any(re.search(rf"(?<![\d.]){re.escape(f)}(?![\d])", text) for f in forms)
+    return False
+
+
+def request_misses(request: dict, pred: dict, ref: dict) -> list[dict]:
+    """One record per wrong answer of a request: the function when it names another tool, else each wrong slot of
+    the reference tool ({"param", "kind", "value", "reference", "in_conversation"})."""
+    tools, gi = request["tools"], ref["tool_index"]
+    if pred["function"] != gi:
+        chosen = pred["function"]
+        name = tools[chosen]["function"]["name"] if isinstance(chosen, int) and 0 <= chosen < len(tools) else chosen
+        return [{"param": None, "kind": "function", "value": name, "reference": tools[gi]["function"]["name"],
+                 "in_conversation": None}]
+    accept, text, out = ref["accept"] or {}, conversation_text(request), []
+    for p in param_names(tools[gi]):
+        value, reference = pred["slots"].get((gi, p)), ref["arguments"].get(p)
+        if slot_match(value, reference, accept.get(p)):
+            continue
+        out.append({"param": p, "kind": miss_kind(value, reference),
+                    "value": "UNKNOWN" if isinstance(value, Unknown) else value, "reference": reference,
+                    "in_conversation": None if reference is None else in_conversation(reference, text)})
+    return out
+
+
+def misses_table(misses: list[dict]) -> str:
+    """Counts of each kind of miss per benchmark (rows: kinds; the last row: the share of wrong set values whose
+    reference value is written out in the conversation, i.e. could have been copied)."""
+    groups = sorted({m["group"] for m in misses}) + ["all"]
+    count = {(g, k): 0 for g in groups for k, _ in MISS_KINDS}
+    for m in misses:
+        for g in (m["group"], "all"):
+            count[(g, m["kind"])] += 1
+    lines = ["| miss | " + " | ".join(groups) + " | what it means |", "|" + "---|" * (len(groups) + 2)]
+    for k, meaning in MISS_KINDS:
+        lines.append(f"| {k} | " + " | ".join(str(count[(g, k)]) for g in groups) + f" | {meaning} |")
+    cells = []
+    for g in groups:
+        vals = [m for m in misses if (g == "all" or m["group"] == g) and m["in_conversation"] is not None]
+        cells.append(f"{sum(m['in_conversation'] for m in vals)}/{len(vals)}")
+    lines.append("| copyable | " + " | ".join(cells) + " | wrong set values whose reference value is written out in "
+                 "the conversation |")
+    return "\n".join(lines) + "\n"
 
 
 def _ratio(num: float, den: float) -> float | None:

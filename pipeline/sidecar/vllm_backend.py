@@ -19,9 +19,11 @@ import time
 from pathlib import Path
 
 from ..requests import stop_token_ids
-from .wave import DEFAULT_MAX_VALUE_TOKENS, WavePrediction, answer_texts, finish_prediction, prompt_settings, wave_inputs
+from .wave import (DEFAULT_MAX_VALUE_TOKENS, WavePrediction, answer_texts, decode, finish_prediction, null_openings,
+                   prompt_settings, required_rows, wave_inputs)
 
 LORA_NAME = "sidecar"
+NULL_LOGPROBS = 20  # next-token candidates asked for where a required parameter's row opened a null
 
 
 def vllm_api():
@@ -46,12 +48,17 @@ def adapter_rank(adapter: str | Path) -> int:
 
 
 class VllmWave:
-    """A vLLM engine with the sidecar adapter; `predict` answers one request's wave in one `generate` call."""
+    """A vLLM engine with the sidecar adapter; `predict` answers one request's wave in one `generate` call.
+
+    `required_values` (as `SlotWave`'s): a row asking for a required parameter cannot answer `null`. vLLM has no
+    per-row, per-step token ban that holds across its versions, so rows whose greedy answer opened a null are
+    answered again: the next token's top `NULL_LOGPROBS` candidates are asked for, the best one that does not open
+    a null is taken, and greedy decoding continues from there (two more `generate` calls, only for those rows)."""
 
     def __init__(self, model: str | Path, adapter: str | Path | None = None, *,
                  max_value_tokens: int = DEFAULT_MAX_VALUE_TOKENS, compact: bool | None = None,
                  chat_template_kwargs: dict | None = None, questions: str | None = None, llm=None, api=None,
-                 **llm_kwargs):
+                 required_values: bool = True, **llm_kwargs):
         LLM, SamplingParams, LoRARequest = api or vllm_api()
         self.compact, self.chat_template_kwargs, self.questions = prompt_settings(adapter, compact, chat_template_kwargs,
                                                                                   questions)
@@ -66,8 +73,13 @@ class VllmWave:
         self.llm = llm
         self.tokenizer = llm.get_tokenizer()
         self.stop_ids = stop_token_ids(self.tokenizer)
-        self.sampling = SamplingParams(temperature=0.0, max_tokens=int(max_value_tokens),
+        self.max_value_tokens, self.required_values = int(max_value_tokens), bool(required_values)
+        self.sampling = SamplingParams(temperature=0.0, max_tokens=self.max_value_tokens,
                                        stop_token_ids=self.stop_ids, skip_special_tokens=False)
+        self.next_token = SamplingParams(temperature=0.0, max_tokens=1, logprobs=NULL_LOGPROBS,
+                                         stop_token_ids=self.stop_ids, skip_special_tokens=False)
+        self._sampling_params = SamplingParams
+        self._null_ids: set[int] | None = None
 
     def predict(self, request: dict) -> WavePrediction:
         return self.predict_many([request])[0]
@@ -75,16 +87,20 @@ class VllmWave:
     def predict_many(self, requests: list[dict]) -> list[WavePrediction]:
         """Every prompt of every request in one `generate` call; timings are per call, shared by its requests."""
         t_start = time.perf_counter()
-        prompts, spans = [], []
+        prompts, spans, not_null = [], [], []
         for request in requests:
             prefix, suffixes, keys = wave_inputs(self.tokenizer, request, self.compact, self.chat_template_kwargs,
                                                  self.questions)
+            if self.required_values:
+                not_null += [len(prompts) + r for r in required_rows(request, keys)]
             spans.append((len(prompts), keys, len(prefix), sum(map(len, suffixes))))
             prompts += [{"prompt_token_ids": prefix + s} for s in suffixes]
         t_render = time.perf_counter()
         outputs = self.llm.generate(prompts, self.sampling, use_tqdm=False, lora_request=self.lora)
-        t_generate = time.perf_counter()
         token_rows = [list(o.outputs[0].token_ids) for o in outputs]
+        if not_null:
+            self._answer_again(prompts, token_rows, not_null)
+        t_generate = time.perf_counter()
         preds = []
         for request, (start, keys, n_prefix, n_suffix) in zip(requests, spans):
             rows = token_rows[start:start + len(keys)]
@@ -94,3 +110,52 @@ class VllmWave:
             pred.token_counts = {"prefix": n_prefix, "suffix": n_suffix, "generated": sum(map(len, rows))}
             preds.append(pred)
         return preds
+
+    def _opens_null(self, tokens: list[int]) -> int | None:
+        """Where a row's tokens open a null (the first token that is not blank, when it starts with n), else None."""
+        if self._null_ids is None:
+            self._null_ids = set(null_openings(self.tokenizer, len(self.tokenizer)))
+        for j in range(len(tokens)):
+            if tokens[j] in self.stop_ids or decode(self.tokenizer, tokens[:j + 1]).strip():
+                return j if tokens[j] in self._null_ids else None
+        return None
+
+    def _answer_again(self, prompts: list[dict], token_rows: list[list[int]], rows: list[int]) -> None:
+        """Rows (of `rows`) whose greedy answer opened a null, decoded again without it (in place): the best
+        non-null next token from the top candidates, then greedy on; as the transformers wave's ban does."""
+        heads = {}  # row -> the tokens it keeps (blank ones before the null)
+        for r in rows:
+            j = self._opens_null(token_rows[r])
+            if j is not None:
+                heads[r] = token_rows[r][:j]
+        for _ in range(4):  # rounds: a row whose new token is blank again asks once more
+            if not heads:
+                return
+            order = sorted(heads)
+            outs = self.llm.generate([{"prompt_token_ids": prompts[r]["prompt_token_ids"] + heads[r]} for r in order],
+                                     self.next_token, use_tqdm=False, lora_request=self.lora)
+            go_on = {}
+            for r, o in zip(order, outs):
+                ranked = sorted(o.outputs[0].logprobs[0].items(), key=lambda kv: -_logprob(kv[1]))
+                pick = next((t for t, _ in ranked if t not in self._null_ids), None)
+                if pick is None:  # every candidate opens a null: keep the null answer
+                    continue
+                head = heads[r] + [pick]
+                token_rows[r] = head
+                if pick not in self.stop_ids and len(head) < self.max_value_tokens:
+                    go_on[r] = head
+            heads = {r: h for r, h in go_on.items() if not decode(self.tokenizer, h).strip()}
+            rest = sorted(set(go_on) - set(heads))
+            if rest:
+                outs = self.llm.generate(
+                    [{"prompt_token_ids": prompts[r]["prompt_token_ids"] + go_on[r]} for r in rest],
+                    [self._sampling_params(temperature=0.0, max_tokens=self.max_value_tokens - len(go_on[r]),
+                                           stop_token_ids=self.stop_ids, skip_special_tokens=False) for r in rest],
+                    use_tqdm=False, lora_request=self.lora)
+                for r, o in zip(rest, outs):
+                    token_rows[r] = go_on[r] + list(o.outputs[0].token_ids)
+
+
+def _logprob(entry) -> float:
+    """A vLLM logprob entry (a `Logprob` object, or a float) as a float."""
+    return float(getattr(entry, "logprob", entry))

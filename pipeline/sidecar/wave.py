@@ -31,6 +31,7 @@ from typing import NamedTuple
 from ..io import looks_like_hub_id
 from .join import answer_json, join_answers, parse_answers
 from ..requests import stop_token_ids
+from ..schema import tool_params
 from .rows import answer_complete, check_question_style, render_prefix_and_suffixes, wave_questions
 
 class Cancelled(Exception):
@@ -39,8 +40,8 @@ class Cancelled(Exception):
 
 # Bumped whenever the wave computes differently for the same weights (eval rows of another revision are measured
 # again): 2 = the suffix forward's last-position logits by index (was logits_to_keep=1, which copied the output
-# embedding once per row).
-WAVE_REVISION = 2
+# embedding once per row); 3 = a required parameter's answer cannot be `null` (`required_values`).
+WAVE_REVISION = 3
 DEFAULT_MAX_VALUE_TOKENS = 32  # the longest slot values of the four benchmarks are ~25 tokens in SmolLM2's BPE
 
 
@@ -66,6 +67,21 @@ def wave_inputs(tokenizer, request: dict, compact: bool = True, chat_template_kw
     asked, keys = wave_questions(request, questions)
     prefix, suffixes = render_prefix_and_suffixes(tokenizer, request, asked, compact, chat_template_kwargs)
     return prefix, suffixes, keys
+
+
+def required_rows(request: dict, keys: list[tuple]) -> list[int]:
+    """The wave rows that ask for a parameter its tool's schema requires: their answer may not be `null` (a call of
+    that tool writes a value there; a null answer would give the hint nothing for it)."""
+    required = [set(r) if isinstance(r := tool_params(t).get("required"), list) else set()
+                for t in request.get("tools") or []]
+    return [r for r, k in enumerate(keys) if k[0] == "slot" and k[2] in required[k[1]]]
+
+
+def null_openings(tokenizer, vocab_size: int) -> list[int]:
+    """Token ids whose text, leading whitespace aside, starts with "n": the only JSON value that starts with n is
+    `null`, so banning these while a row's text is still blank bans exactly a null answer."""
+    texts = tokenizer.batch_decode([[i] for i in range(min(vocab_size, len(tokenizer)))], skip_special_tokens=False)
+    return [i for i, t in enumerate(texts) if t.lstrip().startswith("n")]
 
 
 def decode(tokenizer, ids: list[int]) -> str:
@@ -168,14 +184,15 @@ class SlotWave:
     `early_stop`: a row leaves the batch as soon as its text is a whole answer (`rows.answer_complete`), without
     waiting for its stop token (false: only at the stop token or the cap). `prealloc`: the batch cache is
     preallocated and written in place (false: transformers' DynamicCache repeated per row, which copies the whole
-    cache at every step; kept for scripts/bench_wave.py's before/after).
+    cache at every step; kept for scripts/bench_wave.py's before/after). `required_values`: a row that asks for a
+    parameter its tool requires cannot answer `null` (`required_rows`; false: every row decodes freely).
     """
 
     def __init__(self, model, adapter: str | Path | None = None, *, tokenizer=None,
                  max_value_tokens: int = DEFAULT_MAX_VALUE_TOKENS, compact: bool | None = None, dtype="float32",
                  chat_template_kwargs: dict | None = None, merge_adapter: bool = False, prune_finished: bool = True,
                  stop_ids: list[int] | None = None, early_stop: bool = True, prealloc: bool = True,
-                 questions: str | None = None):
+                 questions: str | None = None, required_values: bool = True):
         if isinstance(model, (str, Path)):
             self.model, self.tokenizer = load_sidecar(model, adapter, dtype, merge_adapter)
         else:
@@ -193,6 +210,8 @@ class SlotWave:
         self.compact, self.chat_template_kwargs, self.questions = prompt_settings(adapter, compact, chat_template_kwargs,
                                                                                   questions)
         self.prune_finished, self.early_stop, self.prealloc = prune_finished, early_stop, prealloc
+        self.required_values = bool(required_values)
+        self._null_ids = None  # null_openings, computed on first use
         self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(
             self.tokenizer, getattr(self.model, "generation_config", None))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_ids[0]
@@ -205,7 +224,8 @@ class SlotWave:
         timings = {"render": time.perf_counter() - t_start}
         n_tools = len(request.get("tools") or [])
         token_rows, run_timings = self.run(prefix, suffixes, (lambda r, text: answer_complete(text, keys[r][0], n_tools))
-                                           if self.early_stop else None, cancelled)
+                                           if self.early_stop else None, cancelled,
+                                           required_rows(request, keys) if self.required_values else None)
         timings.update(run_timings)
         texts = answer_texts(self.tokenizer, token_rows, self.stop_ids)
         pred = finish_prediction(request, keys, texts, timings, t_start)
@@ -214,16 +234,33 @@ class SlotWave:
         return pred
 
     def run(self, prefix: list[int], suffixes: list[list[int]], complete=None,
-            cancelled=None) -> tuple[list[list[int]], dict]:
+            cancelled=None, not_null=None) -> tuple[list[list[int]], dict]:
         """Greedy tokens of every row `prefix + suffixes[b]`: each ends at its stop token, at the cap, or as soon as
         `complete(b, text)` says its text so far is a whole answer (the row then leaves the batch). `cancelled()` is
-        checked before every forward: true raises `Cancelled`."""
+        checked before every forward: true raises `Cancelled`. Rows in `not_null` cannot open a `null` (greedy
+        over the other tokens while their text is blank)."""
         import torch
 
         with torch.inference_mode():
-            return self._run(prefix, suffixes, complete, cancelled)
+            return self._run(prefix, suffixes, complete, cancelled, not_null)
 
-    def _run(self, prefix, suffixes, complete=None, cancelled=None):
+    def _null_mask(self, vocab_size: int):
+        import torch
+
+        if self._null_ids is None or self._null_ids.numel() != vocab_size:
+            mask = torch.zeros(vocab_size, dtype=torch.bool, device=self.model.device)
+            mask[null_openings(self.tokenizer, vocab_size)] = True
+            self._null_ids = mask
+        return self._null_ids
+
+    def _ban_null(self, logits, live_rows: list[int], blank: set[int]):
+        """Greedy next tokens of `logits` [B, V]; rows of the live batch whose wave row is in `blank` skip null."""
+        ban = [i for i, r in enumerate(live_rows) if r in blank]
+        if ban:
+            logits[ban] = logits[ban].masked_fill(self._null_mask(logits.shape[-1]), float("-inf"))
+        return logits.argmax(-1)
+
+    def _run(self, prefix, suffixes, complete=None, cancelled=None, not_null=None):
         import torch
         from transformers import DynamicCache
 
@@ -256,7 +293,8 @@ class SlotWave:
         # torch's matmul expands the output embedding to [B, H, vocab] and copies it (1.5 GB and ~3 s for 27 rows)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                          logits_to_keep=torch.tensor([width - 1], device=dev))
-        next_tok = out.logits[:, -1].argmax(-1)  # [B]
+        blank = set(not_null or ())  # rows that may not answer null and have written nothing but whitespace yet
+        next_tok = self._ban_null(out.logits[:, -1], list(range(n_rows)), blank)  # [B]
         next_pos = positions[:, -1] + 1  # [B]
         t1 = time.perf_counter()
 
@@ -271,6 +309,8 @@ class SlotWave:
             for i, (r, t, d) in enumerate(zip(rows.tolist(), next_tok.tolist(), done.tolist())):
                 if not d:
                     tokens[r].append(t)
+                    if r in blank and decode(self.tokenizer, tokens[r]).strip():
+                        blank.discard(r)
                     if complete is not None and t not in stop_set and complete(r, decode(self.tokenizer, tokens[r])):
                         finished.append(i)
             done = done | torch.isin(next_tok, stop)
@@ -288,7 +328,7 @@ class SlotWave:
                 raise Cancelled
             out = self.model(input_ids=next_tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                              cache=cache, use_cache=True)
-            next_tok = out.logits[:, -1].argmax(-1)
+            next_tok = self._ban_null(out.logits[:, -1], rows.tolist(), blank) if blank else out.logits[:, -1].argmax(-1)
             next_pos = next_pos + 1
         t2 = time.perf_counter()
         return tokens, {"prefill": t1 - t0, "decode": t2 - t1}

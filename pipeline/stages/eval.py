@@ -163,15 +163,17 @@ def wave_chunk(cfg: dict) -> int | None:
 def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None) -> bool:
     """True for a row of a sidecar method whose adapter is not the recipe's (by the weights' sha256), or unrecorded:
     its figures belong to another sidecar, so a resumed run measures it again; and for an adaptive row whose prefill
-    chunk beside the wave (`wave_chunk`, None when unrecorded: rows before it prefilled whole chunks) is not `chunk`.
-    Rows of every other method stay."""
+    chunk beside the wave (`wave_chunk`, None when unrecorded: rows before it prefilled whole chunks) is not `chunk`;
+    a wave revision or `required_values` (unrecorded: false) other than the recipe's is redone too. Rows of every
+    other method stay."""
     if not uses_sidecar(row.get("method", "")) or ident is None:
         return False
     if row.get("schedule") == "adaptive" and row.get("wave_chunk") != chunk:
         return True
     made = row.get("sidecar") or {}
     return (made.get("adapter_sha256") != ident["adapter_sha256"] or made.get("model") != ident["model"]
-            or made.get("merged", False) != ident.get("merged", False) or made.get("wave", 1) != ident.get("wave", 1))
+            or made.get("merged", False) != ident.get("merged", False) or made.get("wave", 1) != ident.get("wave", 1)
+            or made.get("required_values", False) != ident.get("required_values", False))
 
 
 def target_methods(cfg: dict, tcfg: dict) -> list[str]:
@@ -193,7 +195,8 @@ def sidecar_identity(sc: dict) -> dict:
     weights = Path(adapter or "-") / "adapter_model.safetensors"
     return {"model": sc.get("model"), "adapter": adapter,
             "adapter_sha256": sha256_file(weights) if weights.is_file() else None,
-            "merged": bool(adapter) and sidecar_kwargs(sc)["merge_adapter"], "wave": WAVE_REVISION}
+            "merged": bool(adapter) and sidecar_kwargs(sc)["merge_adapter"], "wave": WAVE_REVISION,
+            "required_values": sidecar_kwargs(sc)["required_values"]}
 
 
 def git_commit(own: Path | None = None) -> str | None:

@@ -12,6 +12,8 @@ Writes into `<out>` (default `<adapter>/sidecar_eval/`):
                         same model, adapter weights and settings resumes from it, other settings start it afresh
     accuracy.json       summary by benchmark + all, skipped requests, config; with labels also `summary_gold`, the
                         same predictions judged against gold only; accuracy.md the table(s); manifest.json
+    misses.jsonl        every wrong answer (the function, or a slot: its kind, value, reference value and whether the
+                        reference value is written out in the conversation), counted by kind in accuracy.md
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from ..io import InputError, ResumableJsonl, atomic_open, iter_jsonl, sha256_fil
 from ..recipes import load_recipe, section
 from ..requests import load_requests
 from ..sidecar.accuracy import (adapter_of, base_model_of, load_labels, markdown_table, prediction_row,
-                                reference_call, row_prediction, score_request, summarize)
+                                misses_table, reference_call, request_misses, row_prediction, score_request,
+                                summarize)
 
 BACKENDS = ("transformers", "vllm")
 
@@ -46,6 +49,7 @@ class SidecarEvalConfig:
     max_value_tokens: int = 32              # decode cap per slot answer
     dtype: str = "float32"
     merge_adapter: bool = True              # fold LoRA into the base weights (transformers), as the runtime's worker does
+    required_values: bool = True            # a required parameter's answer cannot be null, as the runtime's worker does
     tool_block: str | None = None           # compact | full; default: as the adapter was trained
     chat_template_kwargs: dict | None = None  # default: as the adapter was trained
     batch: int = 64                         # requests per generate call (vllm)
@@ -55,7 +59,7 @@ class SidecarEvalConfig:
 
 KEYS = set(SidecarEvalConfig.__dataclass_fields__)
 FINGERPRINT_KEYS = ("model", "adapter", "backend", "max_value_tokens", "dtype", "merge_adapter", "tool_block",
-                    "chat_template_kwargs")
+                    "chat_template_kwargs", "required_values")
 
 
 def resolve(recipe: dict, where_: str = "recipe") -> SidecarEvalConfig:
@@ -115,7 +119,8 @@ def fingerprint(cfg: SidecarEvalConfig) -> str:
 
 def make_wave(cfg: SidecarEvalConfig):
     kwargs = dict(max_value_tokens=cfg.max_value_tokens, chat_template_kwargs=cfg.chat_template_kwargs,
-                  compact=None if cfg.tool_block is None else cfg.tool_block == "compact")
+                  compact=None if cfg.tool_block is None else cfg.tool_block == "compact",
+                  required_values=cfg.required_values)
     if cfg.backend == "vllm":
         from ..sidecar.vllm_backend import VllmWave
 
@@ -163,8 +168,10 @@ def _stale(path: Path, fp: str) -> bool:
         return True
 
 
-def score(requests: list[dict], rows: dict[str, dict], labels: dict[str, dict]) -> dict:
-    """The summary of `rows` judged by each request's label where `labels` has one, else by its gold call."""
+def score(requests: list[dict], rows: dict[str, dict], labels: dict[str, dict],
+          misses: list[dict] | None = None) -> dict:
+    """The summary of `rows` judged by each request's label where `labels` has one, else by its gold call; each wrong
+    answer is appended to `misses` when given (`request_misses`, with the request's id and group)."""
     scores, skipped = [], {}
     for req in requests:
         group = f"{req.get('benchmark', '?')}/{req.get('split', '?')}"
@@ -174,7 +181,11 @@ def score(requests: list[dict], rows: dict[str, dict], labels: dict[str, dict]) 
             continue
         skipped.setdefault(group, 0)
         row = rows[req["id"]]
-        s = score_request(req, row_prediction(row), ref)
+        pred = row_prediction(row)
+        s = score_request(req, pred, ref)
+        if misses is not None:
+            misses += [{"id": req["id"], "group": group, "source": ref["source"], **m}
+                       for m in request_misses(req, pred, ref)]
         s.update(group=group, latency_s=row["timings"].get("total"), n_prompts=row["n_prompts"])
         scores.append(s)
     return summarize(scores, skipped)
@@ -188,7 +199,8 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
     out = out_dir(cfg)
     rows = predict(cfg, requests, out / "predictions.jsonl")
 
-    summary = score(requests, rows, labels)
+    misses: list[dict] = []
+    summary = score(requests, rows, labels, misses)
     # the same predictions against the benchmarks' gold calls alone: how far the target's calls (what a hint must
     # match) and gold differ, and a figure comparable with runs that had no labels
     summary_gold = score(requests, rows, {}) if labels else None
@@ -198,9 +210,13 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
               "config": config, "inputs": {p: sha256_file(p) for p in inputs},
               "predictions": str(out / "predictions.jsonl")}
     write_json(out / "accuracy.json", result)
+    with atomic_open(out / "misses.jsonl") as f:
+        f.writelines(json.dumps(m, ensure_ascii=False) + "\n" for m in misses)
     table = markdown_table(summary)
     if summary_gold:
         table += "\nThe same predictions judged against gold only:\n\n" + markdown_table(summary_gold)
+    table += (f"\nWhere the misses are ({summary['all']['reference']}; each in misses.jsonl):\n\n"
+              + misses_table(misses))
     with atomic_open(out / "accuracy.md") as f:
         f.write(table)
     write_manifest(out, "sidecar_eval", {"recipe": recipe, "resolved": config}, inputs)

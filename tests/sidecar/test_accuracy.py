@@ -9,7 +9,8 @@ import pytest
 
 from pipeline.io import InputError
 from pipeline.payload import payload_bytes
-from pipeline.sidecar.accuracy import aggregate, load_labels, markdown_table, reference_call, score_request, summarize
+from pipeline.sidecar.accuracy import (aggregate, in_conversation, load_labels, markdown_table, miss_kind, misses_table,
+                                      reference_call, request_misses, score_request, summarize)
 from pipeline.sidecar.rows import UNKNOWN
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests.jsonl"
@@ -99,3 +100,39 @@ def test_load_labels_names_file_and_record(tmp_path):
     bad.write_text(json.dumps({"id": "b", "tool_index": "0"}) + "\n")
     with pytest.raises(InputError, match=r"bad.jsonl:1 \(record b\): expected a label"):
         load_labels([bad])
+
+
+def test_miss_kinds_name_what_went_wrong():
+    assert miss_kind(None, "Paris") == "null" and miss_kind(UNKNOWN, "Paris") == "unparsed"
+    assert miss_kind("celsius", None) == "extra" and miss_kind("5", 5) == "type" and miss_kind(True, 1) == "type"
+    assert miss_kind("new york", "New-York") == "case/space" and miss_kind("Grand", "Grand Hotel") == "partial"
+    assert miss_kind("Grand Hotel Paris", "Grand Hotel") == "partial" and miss_kind("Rome", "Paris") == "string"
+    assert miss_kind(3, 4.5) == "number" and miss_kind(["Ann"], ["Ann", "Bob"]) == "list/object"
+    assert miss_kind({"a": 1}, {"a": 2}) == "list/object" and miss_kind(True, False) == "other"
+
+
+def test_in_conversation_finds_values_written_out():
+    text = "book the grand hotel for 3 nights, 2.50 eur"
+    assert in_conversation("Grand Hotel", text) and in_conversation(3, text) and in_conversation(3.0, text)
+    assert not in_conversation(2.5, text) and not in_conversation(5, text)
+    assert not in_conversation("Ritz", text) and not in_conversation(" ", text) and not in_conversation(["3"], text)
+    assert not in_conversation(30, "for 3 nights") and not in_conversation(3, "for 30 nights")
+
+
+def test_request_misses_and_their_table():
+    misses = []
+    for r, p in zip(REQUESTS, PREDICTIONS):
+        misses += [{"group": "fixture/test", **m} for m in request_misses(r, p, reference_call(r))]
+    # request 0: unit celsius for fahrenheit (written out in the question); request 1: calculate for book_hotel
+    assert [(m["param"], m["kind"], m["value"], m["reference"], m["in_conversation"]) for m in misses] == [
+        ("unit", "string", "celsius", "fahrenheit", True), (None, "function", "calculate", "book_hotel", None)]
+    # a right function with a null for a value, an unparsed answer and a value the reference omits
+    wrong = {(1, "hotel"): None, (1, "nights"): 3, (1, "guests"): UNKNOWN, (1, "options"): {"view": "sea"}}
+    label = {"tool_index": 1, "arguments": {"nights": 3, "guests": ["Ann", "Bob"]}}
+    got = request_misses(REQUESTS[1], {"function": 1, "slots": wrong}, reference_call(REQUESTS[1], label))
+    assert [(m["param"], m["kind"], m["in_conversation"]) for m in got] == [("guests", "unparsed", False),
+                                                                            ("options", "extra", None)]
+    table = misses_table(misses + [{"group": "other/dev", **m} for m in got])
+    assert "| miss | fixture/test | other/dev | all |" in table
+    assert "| function | 1 | 0 | 1 |" in table and "| string | 1 | 0 | 1 |" in table and "| extra | 0 | 1 | 1 |" in table
+    assert "| copyable | 1/1 | 0/1 | 1/2 |" in table

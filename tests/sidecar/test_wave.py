@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from pipeline.sidecar.rows import answer_complete, wave_questions
-from pipeline.sidecar.wave import SlotWave, load_sidecar, prompt_settings, wave_inputs
+from pipeline.sidecar import wave as wave_module
+from pipeline.sidecar.wave import SlotWave, load_sidecar, null_openings, prompt_settings, required_rows, wave_inputs
 from pipeline.testing import FAMILIES, make_tiny_model, make_tiny_model_dir, make_tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests.jsonl"
@@ -183,7 +184,7 @@ def _scripted_run(tok, answers_by_key, request):
     _, keys = wave_questions(request)
     end = tok.convert_tokens_to_ids("<|im_end|>")
 
-    def run(prefix, suffixes, complete=None, cancelled=None):
+    def run(prefix, suffixes, complete=None, cancelled=None, not_null=None):
         assert len(suffixes) == len(keys)
         rows = [tok(answers_by_key.get(k, "null"), add_special_tokens=False)["input_ids"] + [end] for k in keys]
         return rows, {"prefill": 0.01, "decode": 0.02}
@@ -265,10 +266,17 @@ class FakeLLM:
     def generate(self, prompts, sampling_params, *, use_tqdm=True, lora_request=None):
         self.calls.append((len(prompts), sampling_params, lora_request))
         outs = []
-        for p in prompts:
-            toks = alone(self.model, p["prompt_token_ids"], [], sampling_params.stop_token_ids,
-                         cap=sampling_params.max_tokens)
-            outs.append(type("RequestOutput", (), {"outputs": [type("Completion", (), {"token_ids": toks})()]})())
+        for i, p in enumerate(prompts):
+            sp = sampling_params[i] if isinstance(sampling_params, list) else sampling_params
+            toks = alone(self.model, p["prompt_token_ids"], [], sp.stop_token_ids, cap=sp.max_tokens)
+            completion = {"token_ids": toks}
+            if getattr(sp, "logprobs", None):  # the first token's top candidates, as {id: Logprob}
+                with torch.inference_mode():
+                    logits = self.model(input_ids=torch.tensor([p["prompt_token_ids"]])).logits[0, -1]
+                top = torch.log_softmax(logits, -1).topk(sp.logprobs)
+                completion["logprobs"] = [{int(t): type("Logprob", (), {"logprob": float(v)})()
+                                           for v, t in zip(top.values, top.indices)}]
+            outs.append(type("RequestOutput", (), {"outputs": [type("Completion", (), completion)()]})())
         return outs
 
 
@@ -342,3 +350,72 @@ def test_a_cancelled_wave_stops_before_its_next_forward(tiny_models):
     with pytest.raises(Cancelled):
         wave.run(prefix, suffixes, cancelled=cancelled)
     assert len(asked) == 3
+
+
+# ---------------------------------------------------------------- required parameters never answer null
+
+def alone_banned(model, tok, prefix, suffix, stop_ids, banned, cap=CAP):
+    """`alone`, with `banned` token ids masked while the answer is still blank (from scratch each step)."""
+    seq, toks = list(prefix + suffix), []
+    with torch.inference_mode():
+        for _ in range(cap):
+            logits = model(input_ids=torch.tensor([seq])).logits[0, -1]
+            if not tok.decode(toks).strip():
+                logits[sorted(banned)] = float("-inf")
+            toks.append(int(logits.argmax()))
+            if toks[-1] in stop_ids:
+                break
+            seq.append(toks[-1])
+    return toks
+
+
+def test_null_openings_are_the_tokens_that_open_null():
+    tok = make_tokenizer()
+    ids = set(null_openings(tok, len(tok)))
+    assert tok("null", add_special_tokens=False)["input_ids"][0] in ids
+    assert tok(" null", add_special_tokens=False)["input_ids"][0] in ids
+    for text in ('"', "1", "[", "{", "true", "-"):
+        assert tok(text, add_special_tokens=False)["input_ids"][0] not in ids, text
+    assert all(tok.decode([i]).lstrip().startswith("n") for i in ids)
+
+
+def test_required_rows_are_the_required_parameters_slots():
+    _, keys = wave_questions(REQUESTS[1])  # get_weather(city*), book_hotel(hotel*, nights*, guests, options), calculate
+    assert [keys[r] for r in required_rows(REQUESTS[1], keys)] == [
+        ("slot", 0, "city"), ("slot", 1, "hotel"), ("slot", 1, "nights"), ("slot", 2, "expression")]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_required_row_skips_what_it_may_not_open_and_the_rest_is_unchanged(tiny_models, family, monkeypatch):
+    """The random model's own first tokens of the required rows stand in for the null openings (it never answers a
+    real `null`): the ban must give exactly greedy-with-those-tokens-masked, and every other row its free tokens."""
+    model, tok = tiny_models[family]
+    request = REQUESTS[1]
+    prefix, suffixes, keys = wave_inputs(tok, request)
+    free = SlotWave(model, tokenizer=tok, max_value_tokens=CAP, required_values=False)
+    free_rows = free.run(prefix, suffixes)[0]
+    required = required_rows(request, keys)
+    banned = {free_rows[r][0] for r in required}
+    monkeypatch.setattr(wave_module, "null_openings", lambda tokenizer, vocab_size: sorted(banned))
+    wave = SlotWave(model, tokenizer=tok, max_value_tokens=CAP)
+    rows = wave.run(prefix, suffixes, not_null=required)[0]
+    for r, (suffix, toks) in enumerate(zip(suffixes, rows)):
+        if r in required:
+            assert toks[0] not in banned and toks == alone_banned(model, tok, prefix, suffix, wave.stop_ids, banned)
+        else:
+            assert toks == free_rows[r]
+    pred = wave.predict(request)  # predict bans them for the required rows on its own
+    assert [a["text"] for a in pred.answers] != [a["text"] for a in free.predict(request).answers]
+
+    from pipeline.sidecar import vllm_backend  # the vLLM backend answers those rows again, the same way
+    from pipeline.sidecar.vllm_backend import VllmWave
+
+    monkeypatch.setattr(vllm_backend, "null_openings", lambda tokenizer, vocab_size: sorted(banned))
+    llm = FakeLLM(model, tok)
+    vw = VllmWave("unused", None, max_value_tokens=CAP, llm=llm, api=(None, FakeSamplingParams, FakeLoRARequest))
+    got = vw.predict(request)
+    assert [a["text"] for a in got.answers] == [a["text"] for a in pred.answers] and got.payload == pred.payload
+    assert len(llm.calls) >= 3 and llm.calls[1][0] == len(required)  # the wave, the next-token ask, the rest
+    off = VllmWave("unused", None, max_value_tokens=CAP, llm=FakeLLM(model, tok), required_values=False,
+                   api=(None, FakeSamplingParams, FakeLoRARequest))
+    assert [a["text"] for a in off.predict(request).answers] == [a["text"] for a in free.predict(request).answers]

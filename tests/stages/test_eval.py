@@ -103,6 +103,9 @@ def test_a_sidecar_row_is_stale_when_its_adapter_changed():
     newer = {**merged, "wave": 2}  # the wave's code changed: measured again
     assert eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": merged}, newer)
     assert not eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": newer}, newer)
+    banned = {**newer, "required_values": True}  # required parameters may not answer null: measured again
+    assert eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": newer}, banned)
+    assert not eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": banned}, banned)
     assert not eval_stage.stale_sidecar_row({"method": "ar"}, ident)
     assert not eval_stage.stale_sidecar_row({"method": "ooo-oracle"}, ident)  # its hint is ar's text, no sidecar
     assert not eval_stage.stale_sidecar_row({"method": "ooo"}, None)  # a run without ooo keeps every row

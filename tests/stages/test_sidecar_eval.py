@@ -51,6 +51,7 @@ def test_writes_summary_table_predictions_manifest_and_resumes(tmp_path, monkeyp
     out = tmp_path / "out"
     assert json.loads((out / "accuracy.json").read_text())["summary"]["fixture/test"]["requests"] == 4
     assert (out / "accuracy.md").read_text().startswith("| benchmark |")
+    assert "| miss |" in (out / "accuracy.md").read_text() and (out / "misses.jsonl").read_text() == ""  # all right
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stage"] == "sidecar_eval" and str(FIXTURES) in manifest["inputs"]
     rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
