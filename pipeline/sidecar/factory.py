@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 FACTORY = "pipeline.sidecar.factory:make_wave"
-SIDECAR_KEYS = {"model", "adapter", "dtype", "max_value_tokens", "device", "timeout_s", "merge_adapter", "required_values"}
+SIDECAR_KEYS = {"model", "adapter", "dtype", "max_value_tokens", "device", "timeout_s", "merge_adapter", "required_values",
+                "slot_tools"}
 
 
 def sidecar_kwargs(sc: dict, where: str = "sidecar") -> dict:
@@ -35,23 +36,26 @@ def sidecar_kwargs(sc: dict, where: str = "sidecar") -> dict:
                          "(recipes/sidecar/); sidecar.adapter=null runs the base model without one")
     return {"model": str(model), "adapter": str(adapter) if adapter else None, "dtype": sc.get("dtype", "auto"),
             "max_value_tokens": sc.get("max_value_tokens"), "device": sc.get("device", "cpu"),
-            "merge_adapter": bool(sc.get("merge_adapter", True)), "required_values": bool(sc.get("required_values", True))}
+            "merge_adapter": bool(sc.get("merge_adapter", True)), "required_values": bool(sc.get("required_values", True)),
+            "slot_tools": sc.get("slot_tools")}
 
 
 def make_wave(model: str, adapter: str | None = None, dtype: str = "auto", cores: list[int] | None = None,
               max_value_tokens: int | None = None, device: str = "cpu", merge_adapter: bool = True,
-              required_values: bool = True):
+              required_values: bool = True, slot_tools: int | None = None):
     """Pin the worker, load the wave once, return `predict(request) -> payload`. The adapter is folded into the
     base weights unless `merge_adapter` is false (a recipe's `sidecar.merge_adapter`): the same answers up to
     rounding, without the adapter's extra work per projection. `required_values` (a recipe's
-    `sidecar.required_values`, default true): a required parameter's answer cannot be `null` (`SlotWave`)."""
+    `sidecar.required_values`, default true): a required parameter's answer cannot be `null`; `slot_tools` (null:
+    every tool): a staged wave that decodes only the slots of the tools the function row ranks highest (`SlotWave`)."""
     from ..hardware import pin, resolve_dtype
 
     if cores:
         pin(cores)
     from .wave import SlotWave
 
-    kw = {"dtype": resolve_dtype(dtype, device), "merge_adapter": merge_adapter, "required_values": required_values}
+    kw = {"dtype": resolve_dtype(dtype, device), "merge_adapter": merge_adapter, "required_values": required_values,
+          "slot_tools": slot_tools}
     if max_value_tokens:
         kw["max_value_tokens"] = max_value_tokens
     wave = SlotWave(model, adapter, **kw)

@@ -23,6 +23,7 @@ with another transformers version.
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,16 @@ def null_openings(tokenizer, vocab_size: int) -> list[int]:
     `null`, so banning these while a row's text is still blank bans exactly a null answer."""
     texts = tokenizer.batch_decode([[i] for i in range(min(vocab_size, len(tokenizer)))], skip_special_tokens=False)
     return [i for i, t in enumerate(texts) if t.lstrip().startswith("n")]
+
+
+def tools_to_ask(logits, keys: list[tuple], tool_ids: list[int] | None, n: int) -> list[int] | None:
+    """The rows of a staged wave: the function row and the slot rows of the `n` tools whose index token ranks highest
+    in the function row's next-token `logits`; None (every row) when the tool indices are not single tokens."""
+    if tool_ids is None or n >= len(tool_ids):
+        return None
+    scores = logits[tool_ids]
+    top = set(scores.topk(n).indices.tolist())
+    return [r for r, k in enumerate(keys) if k[0] == "function" or k[1] in top]
 
 
 def decode(tokenizer, ids: list[int]) -> str:
@@ -186,13 +197,15 @@ class SlotWave:
     preallocated and written in place (false: transformers' DynamicCache repeated per row, which copies the whole
     cache at every step; kept for scripts/bench_wave.py's before/after). `required_values`: a row that asks for a
     parameter its tool requires cannot answer `null` (`required_rows`; false: every row decodes freely).
+    `slot_tools`: a staged wave; the function row's suffix runs first and only the slots of the `slot_tools` tools
+    its first token ranks highest are decoded (`tools_to_ask`); None: every tool's slots (one stage).
     """
 
     def __init__(self, model, adapter: str | Path | None = None, *, tokenizer=None,
                  max_value_tokens: int = DEFAULT_MAX_VALUE_TOKENS, compact: bool | None = None, dtype="float32",
                  chat_template_kwargs: dict | None = None, merge_adapter: bool = False, prune_finished: bool = True,
                  stop_ids: list[int] | None = None, early_stop: bool = True, prealloc: bool = True,
-                 questions: str | None = None, required_values: bool = True):
+                 questions: str | None = None, required_values: bool = True, slot_tools: int | None = None):
         if isinstance(model, (str, Path)):
             self.model, self.tokenizer = load_sidecar(model, adapter, dtype, merge_adapter)
         else:
@@ -211,6 +224,9 @@ class SlotWave:
                                                                                   questions)
         self.prune_finished, self.early_stop, self.prealloc = prune_finished, early_stop, prealloc
         self.required_values = bool(required_values)
+        if slot_tools is not None and int(slot_tools) < 1:
+            raise ValueError(f"slot_tools={slot_tools!r}: expected a number of tools >= 1, or None for all")
+        self.slot_tools = None if slot_tools is None else int(slot_tools)
         self._null_ids = None  # null_openings, computed on first use
         self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(
             self.tokenizer, getattr(self.model, "generation_config", None))
@@ -223,26 +239,78 @@ class SlotWave:
                                              self.questions)
         timings = {"render": time.perf_counter() - t_start}
         n_tools = len(request.get("tools") or [])
+        rows_of = None
+        if self.slot_tools is not None and self.slot_tools < n_tools:
+            rows_of = lambda logits: tools_to_ask(logits, keys, self._tool_ids(n_tools), self.slot_tools)  # noqa: E731
         token_rows, run_timings = self.run(prefix, suffixes, (lambda r, text: answer_complete(text, keys[r][0], n_tools))
                                            if self.early_stop else None, cancelled,
-                                           required_rows(request, keys) if self.required_values else None)
+                                           required_rows(request, keys) if self.required_values else None, rows_of)
         timings.update(run_timings)
         texts = answer_texts(self.tokenizer, token_rows, self.stop_ids)
         pred = finish_prediction(request, keys, texts, timings, t_start)
         pred.token_counts = {"prefix": len(prefix), "suffix": sum(map(len, suffixes)),
-                             "generated": sum(map(len, token_rows))}
+                             "generated": sum(map(len, token_rows)),
+                             "rows": sum(1 for t in token_rows if t)}
         return pred
 
+    def _tool_ids(self, n_tools: int) -> list[int] | None:
+        """The token of each tool index's answer ("0", "1", ...), or None where one is not a single token (then its
+        first token does not say which tool)."""
+        ids = [self.tokenizer(str(i), add_special_tokens=False)["input_ids"] for i in range(n_tools)]
+        return [t[0] for t in ids] if all(len(t) == 1 for t in ids) and len({t[0] for t in ids}) == n_tools else None
+
     def run(self, prefix: list[int], suffixes: list[list[int]], complete=None,
-            cancelled=None, not_null=None) -> tuple[list[list[int]], dict]:
+            cancelled=None, not_null=None, rows_of=None) -> tuple[list[list[int]], dict]:
         """Greedy tokens of every row `prefix + suffixes[b]`: each ends at its stop token, at the cap, or as soon as
         `complete(b, text)` says its text so far is a whole answer (the row then leaves the batch). `cancelled()` is
         checked before every forward: true raises `Cancelled`. Rows in `not_null` cannot open a `null` (greedy
-        over the other tokens while their text is blank)."""
+        over the other tokens while their text is blank). `rows_of(logits)`: a staged wave; row 0's suffix runs
+        alone first, and `rows_of` gets its next-token logits [V] and returns the rows to decode (row 0 always
+        among them) or None for all; rows left out get no tokens."""
         import torch
 
         with torch.inference_mode():
-            return self._run(prefix, suffixes, complete, cancelled, not_null)
+            if rows_of is None or len(suffixes) == 1:
+                return self._run(prefix, suffixes, complete, cancelled, not_null)
+            t0 = time.perf_counter()
+            cache = self._prefix_cache(prefix)
+            chosen = rows_of(self._first_logits(cache, len(prefix), suffixes[0]))
+            if chosen is None:
+                tokens, timings = self._run(prefix, suffixes, complete, cancelled, not_null, cache=cache)
+            else:
+                sub = sorted(set(chosen) | {0})
+                at = {r: i for i, r in enumerate(sub)}
+                tokens_sub, timings = self._run(
+                    prefix, [suffixes[r] for r in sub],
+                    (lambda i, text: complete(sub[i], text)) if complete is not None else None, cancelled,
+                    [at[r] for r in (not_null or ()) if r in at], cache=cache)
+                tokens = [[] for _ in suffixes]
+                for i, r in enumerate(sub):
+                    tokens[r] = tokens_sub[i]
+            timings["prefill"] = time.perf_counter() - t0 - timings["decode"]
+            return tokens, timings
+
+    def _prefix_cache(self, prefix: list[int]):
+        """The prefix's KV in a DynamicCache (one forward)."""
+        import torch
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        self.model(input_ids=torch.tensor([prefix], device=self.model.device), cache=cache, use_cache=True,
+                   logits_to_keep=1)
+        return cache
+
+    def _first_logits(self, prefix_cache, n_prefix: int, suffix: list[int]):
+        """Next-token logits [V] of one row `prefix + suffix`, from the prefix's cache (left as it was)."""
+        import torch
+
+        dev = self.model.device
+        cache = rows_cache(copy.copy(prefix_cache), 1, n_prefix + len(suffix))  # rows_cache rebinds .layers
+        out = self.model(input_ids=torch.tensor([suffix], device=dev),
+                         attention_mask=torch.ones((1, n_prefix + len(suffix)), dtype=torch.long, device=dev),
+                         position_ids=torch.arange(n_prefix, n_prefix + len(suffix), device=dev)[None],
+                         cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1]
 
     def _null_mask(self, vocab_size: int):
         import torch
@@ -260,9 +328,8 @@ class SlotWave:
             logits[ban] = logits[ban].masked_fill(self._null_mask(logits.shape[-1]), float("-inf"))
         return logits.argmax(-1)
 
-    def _run(self, prefix, suffixes, complete=None, cancelled=None, not_null=None):
+    def _run(self, prefix, suffixes, complete=None, cancelled=None, not_null=None, cache=None):
         import torch
-        from transformers import DynamicCache
 
         if not prefix or not suffixes or any(not s for s in suffixes):
             raise ValueError("a wave needs a non-empty prefix and non-empty suffixes")
@@ -270,9 +337,10 @@ class SlotWave:
         t0 = time.perf_counter()
         n_rows, n_prefix, width = len(suffixes), len(prefix), max(len(s) for s in suffixes)
 
-        # Prefix once: [1, P] -> cache, written once into each row's slot of a preallocated batch cache.
-        cache = DynamicCache(config=self.model.config)
-        self.model(input_ids=torch.tensor([prefix], device=dev), cache=cache, use_cache=True, logits_to_keep=1)
+        # Prefix once: [1, P] -> cache (or the staged wave's), written once into each row's slot of a preallocated
+        # batch cache.
+        if cache is None:
+            cache = self._prefix_cache(prefix)
         if self.prealloc:
             cache = rows_cache(cache, n_rows, n_prefix + width + self.max_value_tokens)
         else:

@@ -164,7 +164,7 @@ def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None) -
     """True for a row of a sidecar method whose adapter is not the recipe's (by the weights' sha256), or unrecorded:
     its figures belong to another sidecar, so a resumed run measures it again; and for an adaptive row whose prefill
     chunk beside the wave (`wave_chunk`, None when unrecorded: rows before it prefilled whole chunks) is not `chunk`;
-    a wave revision or `required_values` (unrecorded: false) other than the recipe's is redone too. Rows of every
+    a wave revision, `required_values` (unrecorded: false) or `slot_tools` other than the recipe's is redone too. Rows of every
     other method stay."""
     if not uses_sidecar(row.get("method", "")) or ident is None:
         return False
@@ -173,7 +173,8 @@ def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None) -
     made = row.get("sidecar") or {}
     return (made.get("adapter_sha256") != ident["adapter_sha256"] or made.get("model") != ident["model"]
             or made.get("merged", False) != ident.get("merged", False) or made.get("wave", 1) != ident.get("wave", 1)
-            or made.get("required_values", False) != ident.get("required_values", False))
+            or made.get("required_values", False) != ident.get("required_values", False)
+            or made.get("slot_tools") != ident.get("slot_tools"))
 
 
 def target_methods(cfg: dict, tcfg: dict) -> list[str]:
@@ -196,7 +197,7 @@ def sidecar_identity(sc: dict) -> dict:
     return {"model": sc.get("model"), "adapter": adapter,
             "adapter_sha256": sha256_file(weights) if weights.is_file() else None,
             "merged": bool(adapter) and sidecar_kwargs(sc)["merge_adapter"], "wave": WAVE_REVISION,
-            "required_values": sidecar_kwargs(sc)["required_values"]}
+            "required_values": sidecar_kwargs(sc)["required_values"], "slot_tools": sidecar_kwargs(sc)["slot_tools"]}
 
 
 def git_commit(own: Path | None = None) -> str | None:

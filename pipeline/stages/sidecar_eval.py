@@ -50,6 +50,7 @@ class SidecarEvalConfig:
     dtype: str = "float32"
     merge_adapter: bool = True              # fold LoRA into the base weights (transformers), as the runtime's worker does
     required_values: bool = True            # a required parameter's answer cannot be null, as the runtime's worker does
+    slot_tools: int | None = None           # staged wave: only the slots of the top-N tools of the function row
     tool_block: str | None = None           # compact | full; default: as the adapter was trained
     chat_template_kwargs: dict | None = None  # default: as the adapter was trained
     batch: int = 64                         # requests per generate call (vllm)
@@ -59,7 +60,7 @@ class SidecarEvalConfig:
 
 KEYS = set(SidecarEvalConfig.__dataclass_fields__)
 FINGERPRINT_KEYS = ("model", "adapter", "backend", "max_value_tokens", "dtype", "merge_adapter", "tool_block",
-                    "chat_template_kwargs", "required_values")
+                    "chat_template_kwargs", "required_values", "slot_tools")
 
 
 def resolve(recipe: dict, where_: str = "recipe") -> SidecarEvalConfig:
@@ -124,11 +125,15 @@ def make_wave(cfg: SidecarEvalConfig):
     if cfg.backend == "vllm":
         from ..sidecar.vllm_backend import VllmWave
 
+        if cfg.slot_tools is not None:
+            raise InputError("sidecar_eval.slot_tools (a staged wave) runs on the transformers backend only; "
+                             "set backend: transformers or slot_tools: null")
+
         return VllmWave(cfg.model, cfg.adapter, **kwargs)
     from ..sidecar.wave import SlotWave
 
     return SlotWave(cfg.model, cfg.adapter, dtype=cfg.dtype, merge_adapter=bool(cfg.merge_adapter and cfg.adapter),
-                    **kwargs)
+                    slot_tools=cfg.slot_tools, **kwargs)
 
 
 def predict(cfg: SidecarEvalConfig, requests: list[dict], preds_path: Path) -> dict[str, dict]:

@@ -13,7 +13,8 @@ import torch
 
 from pipeline.sidecar.rows import answer_complete, wave_questions
 from pipeline.sidecar import wave as wave_module
-from pipeline.sidecar.wave import SlotWave, load_sidecar, null_openings, prompt_settings, required_rows, wave_inputs
+from pipeline.sidecar.wave import (SlotWave, load_sidecar, null_openings, prompt_settings, required_rows, tools_to_ask,
+                                  wave_inputs)
 from pipeline.testing import FAMILIES, make_tiny_model, make_tiny_model_dir, make_tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests.jsonl"
@@ -184,7 +185,7 @@ def _scripted_run(tok, answers_by_key, request):
     _, keys = wave_questions(request)
     end = tok.convert_tokens_to_ids("<|im_end|>")
 
-    def run(prefix, suffixes, complete=None, cancelled=None, not_null=None):
+    def run(prefix, suffixes, complete=None, cancelled=None, not_null=None, rows_of=None):
         assert len(suffixes) == len(keys)
         rows = [tok(answers_by_key.get(k, "null"), add_special_tokens=False)["input_ids"] + [end] for k in keys]
         return rows, {"prefill": 0.01, "decode": 0.02}
@@ -419,3 +420,41 @@ def test_a_required_row_skips_what_it_may_not_open_and_the_rest_is_unchanged(tin
     off = VllmWave("unused", None, max_value_tokens=CAP, llm=FakeLLM(model, tok), required_values=False,
                    api=(None, FakeSamplingParams, FakeLoRARequest))
     assert [a["text"] for a in off.predict(request).answers] == [a["text"] for a in free.predict(request).answers]
+
+
+# ---------------------------------------------------------------- staged wave: the function row first
+
+def test_tools_to_ask_keeps_the_function_row_and_the_top_tools_slots():
+    _, keys = wave_questions(REQUESTS[1])  # tools 0 (1 param), 1 (4 params), 2 (2 params)
+    logits = torch.zeros(50)
+    logits[[7, 8, 9]] = torch.tensor([0.5, 2.0, 1.0])  # the tokens of "0", "1", "2"
+    assert [keys[r] for r in tools_to_ask(logits, keys, [7, 8, 9], 1)] == [("function",)] + [
+        k for k in keys if k[0] == "slot" and k[1] == 1]
+    assert {keys[r][1] for r in tools_to_ask(logits, keys, [7, 8, 9], 2)[1:]} == {1, 2}
+    assert tools_to_ask(logits, keys, [7, 8, 9], 3) is None and tools_to_ask(logits, keys, None, 1) is None
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_a_staged_wave_answers_the_rows_it_asks_as_the_whole_wave_does(tiny_models, family):
+    model, tok = tiny_models[family]
+    request = REQUESTS[1]
+    whole = SlotWave(model, tokenizer=tok, max_value_tokens=CAP)
+    staged = SlotWave(model, tokenizer=tok, max_value_tokens=CAP, slot_tools=1)
+    prefix, suffixes, keys = wave_inputs(tok, request)
+    rows = whole.run(prefix, suffixes)[0]
+    logits = staged._first_logits(staged._prefix_cache(prefix), len(prefix), suffixes[0])
+    # the first row's next-token logits alone equal the whole wave's first token for it
+    assert int(logits.argmax()) == rows[0][0]
+    ids = staged._tool_ids(len(request["tools"]))
+    asked = tools_to_ask(logits, keys, ids, 1)
+    got, timings = staged.run(prefix, suffixes, rows_of=lambda lg: asked)
+    assert 1 < len(asked) < len(keys) and timings["prefill"] > 0
+    for r, toks in enumerate(got):
+        assert toks == (rows[r] if r in asked else []), r
+    pred = staged.predict(request)
+    assert pred.token_counts["rows"] == len(asked) and pred.n_prompts == len(keys)
+    texts = [a["text"] for a in pred.answers]
+    assert [t for r, t in enumerate(texts) if r not in asked] == [""] * (len(keys) - len(asked))
+    assert [texts[r] for r in asked] == [a["text"] for r, a in enumerate(whole.predict(request).answers) if r in asked]
+    with pytest.raises(ValueError, match="slot_tools"):
+        SlotWave(model, tokenizer=tok, slot_tools=0)
