@@ -164,8 +164,8 @@ def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None) -
     """True for a row of a sidecar method whose adapter is not the recipe's (by the weights' sha256), or unrecorded:
     its figures belong to another sidecar, so a resumed run measures it again; and for an adaptive row whose prefill
     chunk beside the wave (`wave_chunk`, None when unrecorded: rows before it prefilled whole chunks) is not `chunk`;
-    a wave revision, `required_values` (unrecorded: false) or `slot_tools` other than the recipe's is redone too. Rows of every
-    other method stay."""
+    a wave revision, `required_values` (unrecorded: false) or `slot_tools` other than the recipe's is redone too.
+    Rows of every other method stay."""
     if not uses_sidecar(row.get("method", "")) or ident is None:
         return False
     if row.get("schedule") == "adaptive" and row.get("wave_chunk") != chunk:
@@ -194,10 +194,11 @@ def sidecar_identity(sc: dict) -> dict:
 
     adapter = sc.get("adapter")
     weights = Path(adapter or "-") / "adapter_model.safetensors"
+    kw = sidecar_kwargs(sc)
     return {"model": sc.get("model"), "adapter": adapter,
             "adapter_sha256": sha256_file(weights) if weights.is_file() else None,
-            "merged": bool(adapter) and sidecar_kwargs(sc)["merge_adapter"], "wave": WAVE_REVISION,
-            "required_values": sidecar_kwargs(sc)["required_values"], "slot_tools": sidecar_kwargs(sc)["slot_tools"]}
+            "merged": bool(adapter) and kw["merge_adapter"], "wave": WAVE_REVISION,
+            "required_values": kw["required_values"], "slot_tools": kw["slot_tools"]}
 
 
 def git_commit(own: Path | None = None) -> str | None:
