@@ -2,7 +2,7 @@
 
 Run as: .venv/bin/python scripts/bench_prefill.py [--model checkpoints/base/qwen2.5-coder-1.5b-instruct]
             [--requests data/requests/*/test.jsonl] [--per-file 2 | --ids ID,...] [--chunks 64 128 256] [--reps 2]
-            [--threads 2] [--dtype auto] [--greedy N]
+            [--threads 2] [--dtype auto] [--greedy N] [--output-layer]
 
 The adaptive schedule can give the target every core back mid-prefill only if the prompt goes through the target in
 chunks (`Target.prefill(chunk=...)`); each chunk re-reads the cache written so far, so chunks are not free. For every
@@ -14,6 +14,9 @@ machine: the figures carry the CPU model and the load).
 `--greedy N` then decodes `ar` for N tokens after each prefill (whole and every chunk size, untimed) and lists the
 requests whose greedy output differs from the whole prefill's, with the first differing token: in exact arithmetic
 chunks change nothing (the float64 tests), in bf16 a near-tie can flip with the forward's shape.
+
+`--output-layer` adds a whole prefill that also runs the output layer for the last position, as every prefill did
+before `target.fill_cache` (`output_layer_prefill`): the before/after of dropping it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import glob
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,6 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from pipeline.runtime import Target
+    from pipeline.runtime.target import output_layer_prefill
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="checkpoints/base/qwen2.5-coder-1.5b-instruct")
@@ -48,6 +53,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--greedy", type=int, default=0, metavar="N",
                     help="also decode N tokens of ar after each prefill and report outputs that differ from whole")
+    ap.add_argument("--output-layer", action="store_true",
+                    help="also time the whole prefill with the output layer (before fill_cache)")
     ap.add_argument("--out", help="JSON with every timing")
     args = ap.parse_args(argv)
     if args.threads:
@@ -62,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
         requests = [found[i] for i in want]
     else:
         requests = [r for path in args.requests for r in load_requests(path, args.per_file, how="even")]
-    variants = [None] + list(args.chunks)
+    variants = [None] + list(args.chunks) + (["head"] if args.output_layer else [])
     target.prefill(target.prompt_ids(requests[0])[:-1][:64])  # first-call set-up belongs to no variant
     times: dict = {v: [] for v in variants}
     rows, before = [], cpu_sample()
@@ -71,19 +78,21 @@ def main(argv: list[str] | None = None) -> dict:
         for rep in range(args.reps):
             k = (i + rep) % len(variants)
             for v in variants[k:] + variants[:k]:  # rotated: no variant always runs first
-                t0 = time.perf_counter()
-                target.prefill(ids, chunk=v)
-                times[v].append(time.perf_counter() - t0)
+                with output_layer_prefill() if v == "head" else nullcontext():
+                    t0 = time.perf_counter()
+                    target.prefill(ids, chunk=None if v == "head" else v)
+                    times[v].append(time.perf_counter() - t0)
                 rows.append({"id": req["id"], "tokens": len(ids), "chunk": v, "s": times[v][-1]})
         print(f"[{i + 1}/{len(requests)}] {req['id']}: {len(ids)} tokens, whole "
               f"{statistics.fmean(times[None][-args.reps:]):.2f}s, "
-              + ", ".join(f"{c}: {statistics.fmean(times[c][-args.reps:]):.2f}s" for c in args.chunks), flush=True)
+              + ", ".join(f"{c}: {statistics.fmean(times[c][-args.reps:]):.2f}s" for c in variants[1:]), flush=True)
     usage = cpu_usage(before, cpu_sample())
     whole = statistics.fmean(times[None])
     lines = ["| prefill | mean s | / whole |", "|---|---|---|"]
     for v in variants:
         mean = statistics.fmean(times[v])
-        lines.append(f"| {'whole' if v is None else f'chunks of {v}'} | {mean:.3f} | {mean / whole:.3f} |")
+        name = {None: "whole", "head": "whole, with the output layer"}.get(v, f"chunks of {v}")
+        lines.append(f"| {name} | {mean:.3f} | {mean / whole:.3f} |")
     mach = machine(args.dtype, torch.get_num_threads())
     tokens = statistics.fmean(len(target.prompt_ids(r)) for r in requests)
     print(f"\n{args.model}, {len(requests)} requests (mean {tokens:.0f} prompt tokens), {args.reps} reps each\n")

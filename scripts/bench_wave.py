@@ -4,20 +4,22 @@ Run as: .venv/bin/python scripts/bench_wave.py --model checkpoints/base/smollm2-
             --requests data/requests/bfcl/test.jsonl data/requests/seal_tools/test.jsonl ... [--per-file 5] \
             [--threads 1] [--dtype bfloat16] [--max-value-tokens 32] [--out eval/bench/wave.json]
 
-For each request the three methods get the same token ids (`wave.wave_inputs`: shared prefix + one suffix per
+For each request the methods get the same token ids (`wave.wave_inputs`: shared prefix + one suffix per
 question) and decode greedily up to --max-value-tokens, stopping at <|im_end|>/eos:
   wave     SlotWave.run as the sidecar runs it: prefix forward once, written once into a preallocated batch cache,
            parallel greedy decode in place; a row leaves the batch at its stop token or as soon as its answer is a
            whole JSON value (early stop);
   wave-merged  the wave with the LoRA adapter folded into the base weights (`merge_adapter`: one plain model, as
            the runtime's sidecar worker loads it), same prefix sharing and early stop (needs --adapter);
+  wave-head  wave-merged (wave without --adapter) with the output layer run on the prefix's last position, as the
+           prefix forward did before `fill_cache` (wave revision 3);
   wave-before  the wave before those two changes: the prefix KV repeated per row in a DynamicCache (each step
            copies the whole cache), rows leave only at their stop token;
   naive    one `model.generate` per prompt (prefix + suffix), one after the other;
   batched  one `model.generate` over all prompts, each its full prefix + suffix, left-padded (no sharing).
 The answers compared are the decoded texts' JSON values (early stop ends a row where its value is whole).
 Latency (wall) and CPU seconds (this process, every thread) are token ids in -> answer tokens out (tokenizing and the join are the same for all three and take
-milliseconds). It checks that the three give the same answers and prints p50 / p90 / mean per method, by prompts per
+milliseconds). It checks that the methods give the same answers and prints p50 / p90 / mean per method, by prompts per
 wave (requests with 10+ slots apart: the target there is wave >= 3x faster than naive). Not a test: it measures.
 """
 
@@ -27,6 +29,7 @@ import argparse
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -34,9 +37,10 @@ import torch
 from pipeline.hardware import machine
 from pipeline.io import iter_jsonl, write_json
 from pipeline.sidecar.rows import answer_complete, parse_answer, slot_keys
+from pipeline.runtime.target import output_layer_prefill
 from pipeline.sidecar.wave import SlotWave, answer_texts, wave_inputs
 
-METHODS = ("wave", "wave-merged", "wave-before", "naive", "batched")
+METHODS = ("wave", "wave-merged", "wave-head", "wave-before", "naive", "batched")
 
 
 def pick(path: str, n: int, how: str) -> list[dict]:
@@ -148,9 +152,10 @@ def main(argv: list[str] | None = None) -> dict:
             timed, cpu, outputs = {}, {}, {}
             for m in methods:
                 t0, c0 = time.perf_counter(), time.process_time()
-                if m in ("wave", "wave-merged"):
+                if m in ("wave", "wave-merged", "wave-head"):
                     done = lambda r, text, keys=keys, n=n_tools: answer_complete(text, keys[r][0], n)  # noqa: E731
-                    outputs[m] = (wave if m == "wave" else merged).run(prefix, suffixes, done)[0]
+                    with output_layer_prefill() if m == "wave-head" else nullcontext():
+                        outputs[m] = (wave if m == "wave" or merged is None else merged).run(prefix, suffixes, done)[0]
                 elif m == "wave-before":
                     outputs[m] = before.run(prefix, suffixes)[0]
                 elif m == "naive":

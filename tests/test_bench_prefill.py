@@ -14,13 +14,14 @@ def test_bench_prefill_greedy_outputs_on_a_tiny_float64_model(load_script, tmp_p
     script = load_script("bench_prefill")
     report = script.main(["--model", str(tmp_path / "tiny"), "--requests", str(FIXTURES), "--per-file", "2",
                           "--chunks", "3", "8", "--reps", "1", "--threads", "1", "--dtype", "float64",
-                          "--greedy", "6", "--out", str(tmp_path / "r.json")])
+                          "--greedy", "6", "--output-layer", "--out", str(tmp_path / "r.json")])
     assert [(d["id"], d["chunk"]) for d in report["greedy"]][:2] == [(report["greedy"][0]["id"], 3),
                                                                       (report["greedy"][0]["id"], 8)]
     assert len(report["greedy"]) == 4 and all(d["tokens"] > 0 for d in report["greedy"])
     assert all(d["first_diff"] is None for d in report["greedy"])  # float64: chunks change no output
     out = capsys.readouterr().out
     assert "chunks of 3 vs whole: 0 of 2 outputs differ" in out and "| chunks of 8 |" in out
+    assert "| whole, with the output layer |" in out and {r["chunk"] for r in report["rows"]} == {None, 3, 8, "head"}
     assert read_json(tmp_path / "r.json")["greedy"] == report["greedy"]
 
     one = script.main(["--model", str(tmp_path / "tiny"), "--requests", str(FIXTURES), "--ids",

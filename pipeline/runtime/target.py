@@ -18,6 +18,7 @@ implementations (flash-attention kernels take no arbitrary mask) fall back to ve
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -27,6 +28,43 @@ from pipeline.requests import render_prompt
 from .verify import Tree, tree_mask, tree_positions
 
 TREE_MASK_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+def decoder_body(model):
+    """The model without its output layer (a CausalLM's `get_decoder()`), or None where transformers cannot say."""
+    try:
+        body = model.get_decoder()
+    except (AttributeError, ValueError, NotImplementedError):
+        return None
+    return body if isinstance(body, torch.nn.Module) and body is not model else None
+
+
+def fill_cache(model, **inputs) -> None:
+    """A forward whose only product is the KV entries it writes into `inputs["cache"]`: the decoder body alone.
+
+    A prefill never reads its logits, and the output layer is the largest matrix of a small model (Qwen2.5-1.5B:
+    151,936 x 1,536, 15% of the weights; SmolLM2-135M: 21%), read in full even for one position. With tied embeddings
+    transformers' `logits_to_keep=1` made it worse: the product ran as a batched [1, 1, H] @ [1, H, V] that first
+    copied the transposed embedding (~0.3 s per forward of the 1.5B on one busy core). Models whose decoder
+    transformers cannot name keep the whole forward with one position's logits."""
+    body = decoder_body(model)
+    if body is None:
+        model(**inputs, use_cache=True, logits_to_keep=1)
+    else:
+        body(**inputs, use_cache=True)
+
+
+@contextmanager
+def output_layer_prefill():
+    """Within it, `fill_cache` runs the whole model with `logits_to_keep=1`, as every prefill did before it: the
+    benchmarks' before/after (scripts/bench_prefill.py --output-layer, scripts/bench_wave.py --methods wave-head)."""
+    global fill_cache
+    plain = fill_cache
+    fill_cache = lambda model, **inputs: model(**inputs, use_cache=True, logits_to_keep=1)  # noqa: E731
+    try:
+        yield
+    finally:
+        fill_cache = plain
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -223,7 +261,7 @@ class Target:
             end = min(start + max(int(step), 1), len(ids)) if step else len(ids)
             x = torch.tensor([ids[start:end]], device=self.device)
             pos = torch.arange(start, end, device=self.device)[None]
-            self.model(input_ids=x, position_ids=pos, cache=self.cache, use_cache=True, logits_to_keep=1)
+            fill_cache(self.model, input_ids=x, position_ids=pos, cache=self.cache)
             start = end
         if store is not None and ids:
             store.store(ids, key, self.cache)

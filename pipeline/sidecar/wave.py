@@ -41,8 +41,10 @@ class Cancelled(Exception):
 
 # Bumped whenever the wave computes differently for the same weights (eval rows of another revision are measured
 # again): 2 = the suffix forward's last-position logits by index (was logits_to_keep=1, which copied the output
-# embedding once per row); 3 = a required parameter's answer cannot be `null` (`required_values`).
-WAVE_REVISION = 3
+# embedding once per row); 3 = a required parameter's answer cannot be `null` (`required_values`); 4 = the prefix
+# forward without the output layer and the staged wave's first logits by index (`fill_cache`: each copied the output
+# embedding once).
+WAVE_REVISION = 4
 DEFAULT_MAX_VALUE_TOKENS = 32  # the longest slot values of the four benchmarks are ~25 tokens in SmolLM2's BPE
 
 
@@ -295,9 +297,10 @@ class SlotWave:
         import torch
         from transformers import DynamicCache
 
+        from ..runtime.target import fill_cache
+
         cache = DynamicCache(config=self.model.config)
-        self.model(input_ids=torch.tensor([prefix], device=self.model.device), cache=cache, use_cache=True,
-                   logits_to_keep=1)
+        fill_cache(self.model, input_ids=torch.tensor([prefix], device=self.model.device), cache=cache)
         return cache
 
     def _first_logits(self, prefix_cache, n_prefix: int, suffix: list[int]):
@@ -309,7 +312,7 @@ class SlotWave:
         out = self.model(input_ids=torch.tensor([suffix], device=dev),
                          attention_mask=torch.ones((1, n_prefix + len(suffix)), dtype=torch.long, device=dev),
                          position_ids=torch.arange(n_prefix, n_prefix + len(suffix), device=dev)[None],
-                         cache=cache, use_cache=True, logits_to_keep=1)
+                         cache=cache, use_cache=True, logits_to_keep=torch.tensor([len(suffix) - 1], device=dev))
         return out.logits[0, -1]
 
     def _null_mask(self, vocab_size: int):

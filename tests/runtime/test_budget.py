@@ -329,6 +329,7 @@ def test_adaptive_schedule_gives_every_core_back_mid_prefill_and_sequential_wait
     import torch
 
     from pipeline.runtime.schedule import Schedule
+    from pipeline.runtime.target import decoder_body
 
     target, req = targets["qwen2"], requests[0]
     ar = generate(target, req, "ar", max_new_tokens=12)
@@ -360,7 +361,7 @@ def test_adaptive_schedule_gives_every_core_back_mid_prefill_and_sequential_wait
         assert prefill_threads[:3] == [1, 1, 1] and 2 in prefill_threads  # n-1 while it computes, then n
         # chunks beside the wave are at most `wave_chunk` tokens (a chunk keeps its core until it ends), then full
         sizes = []
-        hook = target.model.register_forward_pre_hook(
+        hook = decoder_body(target.model).register_forward_pre_hook(  # prefill chunks run the body alone
             lambda m, args, kw: sizes.append(kw["input_ids"].shape[1]), with_kwargs=True)
         try:
             short = generate(target, req, "ooo", sidecar=AnswersAfter(3), max_new_tokens=12, prefill_chunk=4,

@@ -95,3 +95,42 @@ def test_the_cost_curve_prompt_never_enters_the_prefix_cache(tok):
     t = tiny_target("qwen2", tok)
     t.calibrate(past=64, reps=1, cache=False)
     assert t.prefix_cache is not None and t.prefix_cache.entries == []
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_fill_cache_writes_the_full_forwards_cache_without_running_the_output_layer(tok, family):
+    from transformers import DynamicCache
+
+    from pipeline.runtime.target import decoder_body, fill_cache
+
+    t = tiny_target(family, tok)
+    ids = torch.tensor([tok.encode("what is the weather in paris today", add_special_tokens=False)])
+    full, body = DynamicCache(config=t.model.config), DynamicCache(config=t.model.config)
+    with torch.inference_mode():
+        t.model(input_ids=ids, cache=full, use_cache=True)
+        head_calls = []
+        hook = t.model.get_output_embeddings().register_forward_hook(lambda *a: head_calls.append(1))
+        try:
+            fill_cache(t.model, input_ids=ids, cache=body)
+        finally:
+            hook.remove()
+    assert decoder_body(t.model) is not None and head_calls == []
+    assert body.get_seq_length() == full.get_seq_length() == ids.shape[1]
+    for a, b in zip(full.layers, body.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+    class NoDecoder(torch.nn.Module):  # transformers cannot name its body: the whole forward, one position's logits
+        def __init__(self):
+            super().__init__()
+            self.seen = {}
+
+        def get_decoder(self):
+            raise ValueError("no decoder")
+
+        def forward(self, **kw):
+            self.seen = kw
+
+    odd = NoDecoder()
+    assert decoder_body(odd) is None
+    fill_cache(odd, input_ids=ids, cache=body)
+    assert odd.seen["logits_to_keep"] == 1 and odd.seen["use_cache"] is True
