@@ -10,7 +10,7 @@ from pipeline.io import InputError, read_json, read_jsonl, write_jsonl
 from pipeline.sidecar.rows import build_rows, label_from_call
 from pipeline.sidecar.trainer import PackedSFTTrainer
 from pipeline.stages import train
-from pipeline.testing import make_tiny_model_dir
+from pipeline.testing import make_tiny_model_dir, resolve_sidecar_recipe
 
 ROOT = Path(__file__).parents[2]
 RECIPE = str(ROOT / "recipes/sidecar/tiny.yaml")
@@ -178,7 +178,7 @@ def test_bad_recipe_keys_are_clear_errors(model_dir, tmp_path, key, match):
 
 def test_every_sidecar_recipe_resolves():
     for path in sorted((ROOT / "recipes/sidecar").glob("*.yaml")):
-        resolved = train.resolve(train.load_recipe(path), str(path))
+        resolved = resolve_sidecar_recipe(path)
         assert resolved["sft"]["output_dir"] == f"checkpoints/sidecar/{path.stem}"
 
 
