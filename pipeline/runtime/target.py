@@ -42,11 +42,11 @@ def decoder_body(model):
 def fill_cache(model, **inputs) -> None:
     """A forward whose only product is the KV entries it writes into `inputs["cache"]`: the decoder body alone.
 
-    A prefill never reads its logits, and the output layer is the largest matrix of a small model (Qwen2.5-1.5B:
-    151,936 x 1,536, 15% of the weights; SmolLM2-135M: 21%), read in full even for one position. With tied embeddings
-    transformers' `logits_to_keep=1` made it worse: the product ran as a batched [1, 1, H] @ [1, H, V] that first
-    copied the transposed embedding (~0.3 s per forward of the 1.5B on one busy core). Models whose decoder
-    transformers cannot name keep the whole forward with one position's logits."""
+    A prefill never reads its logits, and the output layer is a small model's largest matrix (SmolLM2-135M: 49,152 x
+    576, 21% of the weights), read in full even for one position; on the sidecar `logits_to_keep=1` also ran as a
+    batched [1, 1, H] @ [1, H, V] that first copied the transposed embedding (scripts/bench_wave.py, one thread:
+    1.92 -> 1.83 s per wave). On the 1.5B target the difference is not measurable (scripts/bench_prefill.py
+    --output-layer). Models whose decoder transformers cannot name keep the whole forward with one position's logits."""
     body = decoder_body(model)
     if body is None:
         model(**inputs, use_cache=True, logits_to_keep=1)
