@@ -49,18 +49,23 @@ def fill_cache(model, **inputs) -> None:
     --output-layer). Models whose decoder transformers cannot name keep the whole forward with one position's logits."""
     body = decoder_body(model)
     if body is None:
-        model(**inputs, use_cache=True, logits_to_keep=1)
+        whole_forward(model, **inputs)
     else:
         body(**inputs, use_cache=True)
 
 
+def whole_forward(model, **inputs) -> None:
+    """The whole model on `inputs`, one position's logits: how every prefill ran before `fill_cache`."""
+    model(**inputs, use_cache=True, logits_to_keep=1)
+
+
 @contextmanager
 def output_layer_prefill():
-    """Within it, `fill_cache` runs the whole model with `logits_to_keep=1`, as every prefill did before it: the
-    benchmarks' before/after (scripts/bench_prefill.py --output-layer, scripts/bench_wave.py --methods wave-head)."""
+    """Within it, `fill_cache` is `whole_forward`: the benchmarks' before/after (scripts/bench_prefill.py
+    --output-layer, scripts/bench_wave.py --methods wave-head)."""
     global fill_cache
     plain = fill_cache
-    fill_cache = lambda model, **inputs: model(**inputs, use_cache=True, logits_to_keep=1)  # noqa: E731
+    fill_cache = whole_forward
     try:
         yield
     finally:
