@@ -31,9 +31,10 @@ METHOD_ORDER = list(METHOD_TABLE) + list(PEERS)
 BUSY_FOREIGN_CORES = 0.3  # other processes' CPU over a row, in cores: more means it shared the machine
 BUSY_STEAL_CORES = 0.1    # CPU the hypervisor took away, in cores
 PREFILL_RULE = ("Prefill: variants that prefill the same prompt on the same threads with no wave beside them (ar, pld, "
-                "toolspec, ooo-oracle) share one measured prefill per request (the KV restored, its seconds charged "
-                "to each) and read the same prefix cache (never a request's own prompt); ooo variants prefill "
-                "themselves beside their wave. The transformers peers (hf-pld, hf-assisted) prefill the whole prompt "
+                "toolspec, ooo-oracle, and ooo@deferred, whose wave starts after the prefill) share one measured "
+                "prefill per request (the KV restored, its seconds charged to each) and read the same prefix cache "
+                "(never a request's own prompt); other ooo variants prefill themselves beside (adaptive) or after "
+                "(sequential) their wave. The transformers peers (hf-pld, hf-assisted) prefill the whole prompt "
                 "themselves without the prefix cache (transformers' candidate generation does not continue from a "
                 "prefilled cache), so their end-to-end ratios are marked 'no prefix cache'; compare their decode "
                 "ratios. hf-assisted's decode includes its draft model's own prompt pass.")

@@ -3,7 +3,7 @@
 The protocol, so that a speedup can be trusted:
 - **same hardware**: every baseline (`ar`, `pld`, `toolspec`, `ooo-oracle`, the transformers peers) runs with every
   core the machine gives (schedule `all-cores`); `ooo` runs under each schedule asked for (`split`, `colocated`,
-  `adaptive`, see runtime/schedule.py) on the same cores, and its rows carry the sidecar's CPU seconds;
+  `adaptive`, `sequential`, `deferred`, see runtime/schedule.py) on the same cores, and its rows carry the sidecar's CPU seconds;
 - **warm**: every variant decodes the first request once, untimed, before any timed row (first-call costs of tree
   masks, `generate` set-up and the sidecar's model load are nobody's);
 - **shuffled**: the variants run in an order shuffled per request with a fixed seed;
@@ -12,8 +12,9 @@ The protocol, so that a speedup can be trusted:
   first new token);
 - **prefill once**: variants that prefill the same prompt on the same threads with no wave beside them (`ar`, `pld`,
   `toolspec`, `ooo-oracle`) share one measured prefill per request (its KV restored, its seconds and CPU seconds
-  charged to each) and the same prefix cache, which never offers a request its own prompt; `ooo` variants prefill
-  themselves beside their wave. The transformers peers prefill the whole prompt themselves, without the prefix
+  charged to each) and the same prefix cache, which never offers a request its own prompt, and so does `ooo` under
+  `deferred` (its wave starts after the prefill); other `ooo` variants prefill themselves beside (or after) their
+  wave. The transformers peers prefill the whole prompt themselves, without the prefix
   cache (their candidate generation does not continue from a prefilled cache: `HFPeers.generate`); their rows say
   `prefix_cache: false` and the report marks their end-to-end ratios;
 - **busy rows**: each row records the machine's load, steal and busy CPU seconds around it (`measured`), so the
@@ -174,7 +175,8 @@ class Runner:
       a variant never inherits another variant's wave; or {"wave": callable} for tests.
     prefill_once: variants that prefill the same prompt on the same threads with no wave beside them (every method
       without a sidecar, the transformers peers included) compute one prefill per request and are each charged its
-      measured seconds and CPU seconds; `ooo` variants prefill themselves (their wave shares the cores).
+      measured seconds and CPU seconds, `ooo@deferred` too (its wave starts after the prefill); other `ooo` variants
+      prefill themselves (their wave shares the cores or goes first).
     """
 
     def __init__(self, target, methods: list[str], *, run: str = "run", schedules: list[str] | None = None,
@@ -223,7 +225,9 @@ class Runner:
     def _decode(self, request: dict, method: str, schedule: str, ar, max_new_tokens: int):
         sched = self.schedules[schedule]
         self.target.set_threads(sched.threads(None))
-        reuse = self.prefill_once and not uses_sidecar(method)
+        # the same prefill work shares one measured prefill: every method but a wave-beside-prefill one (`deferred`
+        # starts its wave after the prefill, so its prefill is the baselines' own)
+        reuse = self.prefill_once and (not uses_sidecar(method) or sched.deferred)
         if method in PEERS:
             return self.peers.generate(request, method, max_new_tokens)
         return generate(self.target, request, method, sidecar=self.sidecar_for(schedule),

@@ -151,25 +151,17 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
         pending = Ready(oracle_payload(target, request, oracle, max_new_tokens))
         if pending.payload is None:
             pending.error = "no tool call in the target's ar output"
+    if tree_budget not in ("auto", "fixed"):
+        raise ValueError(f"tree_budget {tree_budget!r}; expected 'auto' or 'fixed'")
     started, arrived = time.perf_counter(), time.time()  # the request arrives
-    if method == "ooo" and sidecar is not None:
+    # `deferred`: the wave starts once the prefill is done (the hint's ready time still counts from the arrival)
+    defer = method == "ooo" and hasattr(sidecar, "start") and getattr(schedule, "deferred", False)
+    if method == "ooo" and sidecar is not None and not defer:
         pending = sidecar.start(request) if hasattr(sidecar, "start") else sidecar
     history = history if history is not None else target.histories.setdefault(variant or method, History())
     stats = Stats(method)
     prompt = target.prompt_ids(request)
     stats.prompt_tokens = len(prompt)
-    validate = validate_hint and method != "ooo-oracle"  # the oracle is the target's own call, valid or not
-    drafters = _drafters(target, request, method, prompt, pending, arrived, history, validate)
-    hint = drafters[0][0] if drafters and isinstance(drafters[0][0], HintDrafter) else None
-    drafters = [(d, EXTRA) for d in extra_drafters or []] + drafters
-    eos = target.tokenizer.eos_token_id if target.tokenizer.eos_token_id in target.stop_ids else None
-    make_tree = build_tree if target.tree else best_chain
-    budget = None
-    if tree_budget == "auto" and getattr(target, "curve", None) is not None and drafters:
-        budget = target.budgets.setdefault(variant or method, TreeBudget(target.curve, max_nodes))
-        budget.start_request()
-    elif tree_budget not in ("auto", "fixed"):
-        raise ValueError(f"tree_budget {tree_budget!r}; expected 'auto' or 'fixed'")
 
     def set_threads() -> None:
         if schedule is not None:
@@ -177,8 +169,6 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
             target.set_threads(n)
             stats.threads.append(n)
 
-    wave_running = getattr(pending, "running", lambda: False)
-    cancel_wave = getattr(pending, "cancel", lambda: None)
     if pending is not None and getattr(schedule, "sequential", False):
         while pending.poll() is None and getattr(pending, "error", None) is None:  # the wave first, every core
             time.sleep(0.002)
@@ -194,6 +184,21 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     done = getattr(target, "last_prefill", {})
     stats.prefill_reused, stats.prefill_cpu_s = bool(done.get("reused")), float(done.get("cpu_s") or 0.0)
     shift = stats.prefill_s - float(done.get("spent", stats.prefill_s))  # reused: the measured prefill - the restore
+    if defer:
+        pending = sidecar.start(request)
+        set_threads()  # n-1 while the wave computes
+    wave_running = getattr(pending, "running", lambda: False)
+    cancel_wave = getattr(pending, "cancel", lambda: None)
+    validate = validate_hint and method != "ooo-oracle"  # the oracle is the target's own call, valid or not
+    drafters = _drafters(target, request, method, prompt, pending, arrived, history, validate)
+    hint = drafters[0][0] if drafters and isinstance(drafters[0][0], HintDrafter) else None
+    drafters = [(d, EXTRA) for d in extra_drafters or []] + drafters
+    eos = target.tokenizer.eos_token_id if target.tokenizer.eos_token_id in target.stop_ids else None
+    make_tree = build_tree if target.tree else best_chain
+    budget = None
+    if tree_budget == "auto" and getattr(target, "curve", None) is not None and drafters:
+        budget = target.budgets.setdefault(variant or method, TreeBudget(target.curve, max_nodes))
+        budget.start_request()
     t_decode, c_decode = time.perf_counter(), time.process_time()
     output: list[int] = []
     root = prompt[-1]

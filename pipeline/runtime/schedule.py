@@ -9,7 +9,12 @@
   `wave_chunk` tokens: a chunk cannot give the core back before it ends, and 256 tokens of a 1.5B target on one
   core take ~3.5 s, twice a trained wave);
 - `sequential`: the wave first, on every core, then the target on every core (no overlap: the honest reference for
-  whether overlapping the two buys anything on a small machine).
+  whether overlapping the two buys anything on a small machine);
+- `deferred`: the target prefills on every core, then the wave starts on the last core while the target decodes on
+  the others, and the target gets every core back when the wave answers. On a CPU a prefill is compute-bound (one
+  core less costs it half its speed) while a decode round is partly bound by memory (a 1.5B target's round: 0.20 s
+  on 2 cores, 0.35 s on 1, 0.36 s on 1 beside a running wave), so a wave costs the target less beside its decode
+  than beside its prefill; the hint comes later, while the call's first tokens (its name, scaffolding) are written.
 A schedule gives the sidecar's cores (where its worker is pinned) and, through `threads(pending)`, the target's
 thread count before prefill and at every round boundary (see `generate(schedule=...)`).
 """
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 
 from pipeline.hardware import available_cores
 
-SCHEDULES = ("all-cores", "split", "colocated", "adaptive", "sequential")
+SCHEDULES = ("all-cores", "split", "colocated", "adaptive", "sequential", "deferred")
 WAVE_CHUNK = 64  # the default longest prefill chunk while the target runs on n-1 cores beside the wave (adaptive)
 
 
@@ -45,9 +50,14 @@ class Schedule:
         return self.name == "sequential"
 
     @property
+    def deferred(self) -> bool:
+        """The wave starts when the target's prefill ends (the prefill is the baselines' own, on every core)."""
+        return self.name == "deferred"
+
+    @property
     def sidecar_cores(self) -> list[int]:
         """The cores the sidecar worker is pinned to."""
-        if self.name in ("split", "adaptive") and len(self.cores) > 1:
+        if self.name in ("split", "adaptive", "deferred") and len(self.cores) > 1:
             return self.cores[-1:]
         return list(self.cores)
 
@@ -59,9 +69,9 @@ class Schedule:
         return chunk
 
     def threads(self, pending) -> int:
-        """The target's threads now: n-1 under `split`, and under `adaptive` while the wave computes."""
+        """The target's threads now: n-1 under `split`, and under `adaptive` / `deferred` while the wave computes."""
         n = len(self.cores)
-        if n > 1 and (self.name == "split" or (self.name == "adaptive" and pending is not None
+        if n > 1 and (self.name == "split" or (self.name in ("adaptive", "deferred") and pending is not None
                                                 and getattr(pending, "running", lambda: False)())):
             return n - 1
         return n

@@ -3,8 +3,8 @@
 Run as: python -m pipeline.serve --recipe recipes/serve/qwen2.5-coder-1.5b-cpu.yaml [serve.port=8001 ...]
 
 Cores follow the runtime's schedules (pipeline/runtime/schedule.py): `adaptive` (default) pins the sidecar process to
-the last core and gives the target every core except while a wave computes; `split` keeps the target on n-1 cores;
-`colocated` puts both on every core. The target's tree budget comes from its measured cost curve (cached per machine),
+the last core and gives the target every core except while a wave computes; `deferred` does the same but starts the
+wave when the prefill ends; `split` keeps the target on n-1 cores; `colocated` puts both on every core. The target's tree budget comes from its measured cost curve (cached per machine),
 and the prefix cache reuses a shared prompt prefix (system prompt, the same tools) across requests.
 With method `ooo`, a missing sidecar model or adapter folder stops start-up with an error that names it and the
 command that builds it (`sidecar.adapter: null` runs the base model without an adapter).
@@ -47,7 +47,7 @@ class ServeConfig:
     max_context: int | None = None       # prompt limit in tokens (default: the model's max_position_embeddings)
     host: str = "127.0.0.1"
     port: int = 8000
-    schedule: str = "adaptive"           # adaptive / split / colocated / all-cores (pipeline/runtime/schedule.py)
+    schedule: str = "adaptive"           # pipeline/runtime/schedule.py: adaptive, deferred, sequential, split, ...
     tree_budget: str = "auto"            # auto: tree size per round from the measured cost curve; fixed: 32 nodes
     prefix_cache: bool = True            # reuse the KV cache of a shared prompt prefix across requests
     prefill_chunk: int | None = 256      # prefill in chunks: the adaptive schedule gives the core back mid-prefill

@@ -380,3 +380,54 @@ def test_adaptive_schedule_gives_every_core_back_mid_prefill_and_sequential_wait
         assert seq.stats.hint_ready_s is not None and seq.stats.hint_ready_s <= before_prefill + 0.005
     finally:
         torch.set_num_threads(1)
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="the deferred schedule needs 2 cores")
+def test_deferred_schedule_starts_the_wave_after_the_prefill_on_every_core(targets, requests):
+    """`deferred`: the prefill runs on every core with no wave started; the wave starts when it ends, the target
+    decodes on n-1 cores while it computes and gets every core back when it answers. Outputs stay ar's, and the hint's
+    ready time still counts from the request's arrival."""
+    import torch
+
+    from pipeline.runtime.schedule import Schedule
+    from pipeline.runtime.target import decoder_body
+
+    target, req = targets["qwen2"], requests[0]
+    ar = generate(target, req, "ar", max_new_tokens=12)
+    forwards = []
+    hook = decoder_body(target.model).register_forward_pre_hook(lambda m, a, kw: forwards.append(1), with_kwargs=True)
+
+    class Deferred:  # a sidecar whose wave answers after 2 questions
+        started_after = None
+
+        def start(self, request):
+            self.started_after = len(forwards)
+            return self
+
+        error, cpu_s, n = None, None, 2
+
+        def running(self):
+            return self.n > 0
+
+        def poll(self):
+            self.n -= 1
+            return gold_payload(req) if self.n < 0 else None
+
+        def cancel(self):
+            pass
+
+    sidecar = Deferred()
+    try:
+        res = generate(target, req, "ooo", sidecar=sidecar, schedule=Schedule("deferred", [0, 1]),
+                       max_new_tokens=12, prefill_chunk=4)
+    finally:
+        hook.remove()
+        torch.set_num_threads(1)
+    chunks = -(-(res.stats.prompt_tokens - 1 - res.stats.cached_tokens) // 4)  # a prefix-cache hit is not computed
+    assert res.token_ids == ar.token_ids
+    assert sidecar.started_after == chunks                 # not before the prefill's last chunk, and before decoding
+    threads = res.stats.threads
+    assert threads[:chunks] == [2] * chunks and threads[chunks] == 1 and threads[-1] == 2
+    assert res.stats.payload_bytes and res.stats.hint_ready_s > 0  # the hint arrived (a random target ignores it)
+    sched = Schedule("deferred", [0, 1])
+    assert sched.sidecar_cores == [1] and sched.threads(None) == 2 and sched.chunk(2, 256) == 256
