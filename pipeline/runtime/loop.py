@@ -261,6 +261,8 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     stats.new_tokens = len(output)
     if hint is not None:  # a hint that arrives after the last round is "not ready" (hint_ready_s None)
         stats.hint_ready_s, stats.payload_bytes, stats.hint_error = hint.ready_s, hint.bytes, hint.error
+        if stats.hint_ready_s is not None and defer:  # it arrived after a prefill that is charged, not spent, here
+            stats.hint_ready_s += shift
         stats.sidecar_cpu_s = getattr(pending, "cpu_s", None)
     cancel_wave()  # the request has ended: a queued wave is dropped, a running one abandoned
     body = output[:-1] if output and output[-1] in target.stop_ids else output

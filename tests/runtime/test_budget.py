@@ -397,17 +397,18 @@ def test_deferred_schedule_starts_the_wave_after_the_prefill_on_every_core(targe
     forwards = []
     hook = decoder_body(target.model).register_forward_pre_hook(lambda m, a, kw: forwards.append(1), with_kwargs=True)
 
-    class Deferred:  # a sidecar whose wave answers after 2 questions
+    class Deferred:  # a sidecar whose wave answers after 3 questions (running or poll)
         started_after = None
 
         def start(self, request):
             self.started_after = len(forwards)
             return self
 
-        error, cpu_s, n = None, None, 2
+        error, cpu_s, n = None, None, 3
 
         def running(self):
-            return self.n > 0
+            self.n -= 1
+            return self.n >= 0
 
         def poll(self):
             self.n -= 1
