@@ -11,6 +11,9 @@ question) and decode greedily up to --max-value-tokens, stopping at <|im_end|>/e
            whole JSON value (early stop);
   wave-merged  the wave with the LoRA adapter folded into the base weights (`merge_adapter`: one plain model, as
            the runtime's sidecar worker loads it), same prefix sharing and early stop (needs --adapter);
+  wave-prefix  wave-merged (wave without --adapter) with a prefix cache of --prefix-cache tokens: each wave starts
+           from the longest prefix an earlier request of the run shared with it (the system prompt and tools; never
+           its own), as a server's sidecar sees requests one after the other (use --pick first for a file's order);
   wave-head  wave-merged (wave without --adapter) with the output layer run on the prefix's last position, as the
            prefix forward did before `fill_cache` (wave revision 3);
   wave-before  the wave before those two changes: the prefix KV repeated per row in a DynamicCache (each step
@@ -40,7 +43,7 @@ from pipeline.sidecar.rows import answer_complete, parse_answer, slot_keys
 from pipeline.runtime.target import output_layer_prefill
 from pipeline.sidecar.wave import SlotWave, answer_texts, wave_inputs
 
-METHODS = ("wave", "wave-merged", "wave-head", "wave-before", "naive", "batched")
+METHODS = ("wave", "wave-merged", "wave-prefix", "wave-head", "wave-before", "naive", "batched")
 
 
 def pick(path: str, n: int, how: str) -> list[dict]:
@@ -121,6 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-value-tokens", type=int, default=32)
     ap.add_argument("--methods", nargs="+", choices=METHODS,
                     help="default: all (wave-merged only with --adapter)")
+    ap.add_argument("--prefix-cache", type=int, default=8192, help="wave-prefix: tokens the prefix cache holds")
     ap.add_argument("--out", help="JSON with per-request timings and the summary")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -132,6 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
     wave = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens)
     merged = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens,
                       merge_adapter=True) if "wave-merged" in methods else None
+    cached = SlotWave((merged or wave).model, tokenizer=wave.tokenizer, max_value_tokens=args.max_value_tokens,
+                      compact=wave.compact, chat_template_kwargs=wave.chat_template_kwargs, questions=wave.questions,
+                      prefix_cache=args.prefix_cache) if "wave-prefix" in methods else None
     before = SlotWave(wave.model, tokenizer=wave.tokenizer, max_value_tokens=args.max_value_tokens,
                       compact=wave.compact, chat_template_kwargs=wave.chat_template_kwargs, early_stop=False,
                       prealloc=False)
@@ -156,6 +163,10 @@ def main(argv: list[str] | None = None) -> dict:
                     done = lambda r, text, keys=keys, n=n_tools: answer_complete(text, keys[r][0], n)  # noqa: E731
                     with output_layer_prefill() if m == "wave-head" else nullcontext():
                         outputs[m] = (wave if m == "wave" or merged is None else merged).run(prefix, suffixes, done)[0]
+                elif m == "wave-prefix":
+                    done = lambda r, text, keys=keys, n=n_tools: answer_complete(text, keys[r][0], n)  # noqa: E731
+                    outputs[m] = cached.run(prefix, suffixes, done, key=req["id"])[0]
+                    cpu["cached_tokens"] = cached.cached_tokens
                 elif m == "wave-before":
                     outputs[m] = before.run(prefix, suffixes)[0]
                 elif m == "naive":

@@ -201,13 +201,17 @@ class SlotWave:
     parameter its tool requires cannot answer `null` (`required_rows`; false: every row decodes freely).
     `slot_tools`: a staged wave; the function row's suffix runs first and only the slots of the `slot_tools` tools
     its first token ranks highest are decoded (`tools_to_ask`); None: every tool's slots (one stage).
+    `prefix_cache`: keep the prefix KV of recent waves, up to this many tokens in all (0: none), and start a wave
+    from the longest prefix another request shared with it (the system prompt and tool list a server sends with
+    every request), as the target's prefix cache does; never a request's own earlier wave (by its id).
     """
 
     def __init__(self, model, adapter: str | Path | None = None, *, tokenizer=None,
                  max_value_tokens: int = DEFAULT_MAX_VALUE_TOKENS, compact: bool | None = None, dtype="float32",
                  chat_template_kwargs: dict | None = None, merge_adapter: bool = False, prune_finished: bool = True,
                  stop_ids: list[int] | None = None, early_stop: bool = True, prealloc: bool = True,
-                 questions: str | None = None, required_values: bool = True, slot_tools: int | None = None):
+                 questions: str | None = None, required_values: bool = True, slot_tools: int | None = None,
+                 prefix_cache: int = 0):
         if isinstance(model, (str, Path)):
             self.model, self.tokenizer = load_sidecar(model, adapter, dtype, merge_adapter)
         else:
@@ -229,6 +233,12 @@ class SlotWave:
         if slot_tools is not None and int(slot_tools) < 1:
             raise ValueError(f"slot_tools={slot_tools!r}: expected a number of tools >= 1, or None for all")
         self.slot_tools = None if slot_tools is None else int(slot_tools)
+        if int(prefix_cache or 0) < 0:
+            raise ValueError(f"prefix_cache={prefix_cache!r}: expected a number of tokens >= 0 (0: no prefix cache)")
+        from ..runtime.target import PrefixCache
+
+        self.prefixes = PrefixCache(max_tokens=int(prefix_cache)) if prefix_cache else None
+        self.cached_tokens = 0  # of the last wave's prefix, from the prefix cache
         self._null_ids = None  # null_openings, computed on first use
         self.stop_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(
             self.tokenizer, getattr(self.model, "generation_config", None))
@@ -246,13 +256,14 @@ class SlotWave:
             rows_of = lambda logits: tools_to_ask(logits, keys, self._tool_ids(n_tools), self.slot_tools)  # noqa: E731
         token_rows, run_timings = self.run(prefix, suffixes, (lambda r, text: answer_complete(text, keys[r][0], n_tools))
                                            if self.early_stop else None, cancelled,
-                                           required_rows(request, keys) if self.required_values else None, rows_of)
+                                           required_rows(request, keys) if self.required_values else None, rows_of,
+                                           key=request.get("id"))
         timings.update(run_timings)
         texts = answer_texts(self.tokenizer, token_rows, self.stop_ids)
         pred = finish_prediction(request, keys, texts, timings, t_start)
         pred.token_counts = {"prefix": len(prefix), "suffix": sum(map(len, suffixes)),
                              "generated": sum(map(len, token_rows)),
-                             "rows": sum(1 for t in token_rows if t)}
+                             "rows": sum(1 for t in token_rows if t), "cached": self.cached_tokens}
         return pred
 
     def _tool_ids(self, n_tools: int) -> list[int] | None:
@@ -262,20 +273,21 @@ class SlotWave:
         return [t[0] for t in ids] if all(len(t) == 1 for t in ids) and len({t[0] for t in ids}) == n_tools else None
 
     def run(self, prefix: list[int], suffixes: list[list[int]], complete=None,
-            cancelled=None, not_null=None, rows_of=None) -> tuple[list[list[int]], dict]:
+            cancelled=None, not_null=None, rows_of=None, key: str | None = None) -> tuple[list[list[int]], dict]:
         """Greedy tokens of every row `prefix + suffixes[b]`: each ends at its stop token, at the cap, or as soon as
         `complete(b, text)` says its text so far is a whole answer (the row then leaves the batch). `cancelled()` is
         checked before every forward: true raises `Cancelled`. Rows in `not_null` cannot open a `null` (greedy
         over the other tokens while their text is blank). `rows_of(logits)`: a staged wave; row 0's suffix runs
         alone first, and `rows_of` gets its next-token logits [V] and returns the rows to decode (row 0 always
-        among them) or None for all; rows left out get no tokens."""
+        among them) or None for all; rows left out get no tokens. `key`: the request's id (the prefix cache never
+        offers a request its own prefix)."""
         import torch
 
         with torch.inference_mode():
             if rows_of is None or len(suffixes) == 1:
-                return self._run(prefix, suffixes, complete, cancelled, not_null)
+                return self._run(prefix, suffixes, complete, cancelled, not_null, key=key)
             t0 = time.perf_counter()
-            cache = self._prefix_cache(prefix)
+            cache = self._prefix_cache(prefix, key)
             chosen = rows_of(self._first_logits(cache, len(prefix), suffixes[0]))
             if chosen is None:
                 tokens, timings = self._run(prefix, suffixes, complete, cancelled, not_null, cache=cache)
@@ -292,15 +304,27 @@ class SlotWave:
             timings["prefill"] = time.perf_counter() - t0 - timings["decode"]
             return tokens, timings
 
-    def _prefix_cache(self, prefix: list[int]):
-        """The prefix's KV in a DynamicCache (one forward)."""
+    def _prefix_cache(self, prefix: list[int], key: str | None = None):
+        """The prefix's KV in a DynamicCache: the longest prefix the prefix cache shares with it (another request's),
+        then one forward over the rest; stored for the waves after it."""
         import torch
         from transformers import DynamicCache
 
         from ..runtime.target import fill_cache
 
+        dev = self.model.device
         cache = DynamicCache(config=self.model.config)
-        fill_cache(self.model, input_ids=torch.tensor([prefix], device=self.model.device), cache=cache)
+        done, layers = self.prefixes.lookup(prefix, key) if self.prefixes is not None else (0, None)
+        if layers is not None:
+            done = min(done, len(prefix))
+            for i, (k, v) in enumerate(layers):  # views of the stored tensors: the cache only grows by concatenation
+                cache.update(k[..., :done, :], v[..., :done, :], i)
+        if done < len(prefix):
+            fill_cache(self.model, input_ids=torch.tensor([prefix[done:]], device=dev),
+                       position_ids=torch.arange(done, len(prefix), device=dev)[None], cache=cache)
+        self.cached_tokens = done
+        if self.prefixes is not None:
+            self.prefixes.store(prefix, key, cache)
         return cache
 
     def _first_logits(self, prefix_cache, n_prefix: int, suffix: list[int]):
@@ -331,7 +355,7 @@ class SlotWave:
             logits[ban] = logits[ban].masked_fill(self._null_mask(logits.shape[-1]), float("-inf"))
         return logits.argmax(-1)
 
-    def _run(self, prefix, suffixes, complete=None, cancelled=None, not_null=None, cache=None):
+    def _run(self, prefix, suffixes, complete=None, cancelled=None, not_null=None, cache=None, key=None):
         import torch
 
         if not prefix or not suffixes or any(not s for s in suffixes):
@@ -343,7 +367,7 @@ class SlotWave:
         # Prefix once: [1, P] -> cache (or the staged wave's), written once into each row's slot of a preallocated
         # batch cache.
         if cache is None:
-            cache = self._prefix_cache(prefix)
+            cache = self._prefix_cache(prefix, key)
         if self.prealloc:
             cache = rows_cache(cache, n_rows, n_prefix + width + self.max_value_tokens)
         else:

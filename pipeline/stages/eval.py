@@ -164,7 +164,8 @@ def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None) -
     """True for a row of a sidecar method whose adapter is not the recipe's (by the weights' sha256), or unrecorded:
     its figures belong to another sidecar, so a resumed run measures it again; and for an adaptive row whose prefill
     chunk beside the wave (`wave_chunk`, None when unrecorded: rows before it prefilled whole chunks) is not `chunk`;
-    a wave revision, `required_values` (unrecorded: false) or `slot_tools` other than the recipe's is redone too.
+    a wave revision, `required_values` (unrecorded: false), `slot_tools` or the wave's `prefix_cache` (unrecorded: 0)
+    other than the recipe's is redone too.
     Rows of every other method stay."""
     if not uses_sidecar(row.get("method", "")) or ident is None:
         return False
@@ -174,7 +175,8 @@ def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None) -
     return (made.get("adapter_sha256") != ident["adapter_sha256"] or made.get("model") != ident["model"]
             or made.get("merged", False) != ident.get("merged", False) or made.get("wave", 1) != ident.get("wave", 1)
             or made.get("required_values", False) != ident.get("required_values", False)
-            or made.get("slot_tools") != ident.get("slot_tools"))
+            or made.get("slot_tools") != ident.get("slot_tools")
+            or made.get("prefix_cache", 0) != ident.get("prefix_cache", 0))
 
 
 def target_methods(cfg: dict, tcfg: dict) -> list[str]:
@@ -198,7 +200,8 @@ def sidecar_identity(sc: dict) -> dict:
     return {"model": sc.get("model"), "adapter": adapter,
             "adapter_sha256": sha256_file(weights) if weights.is_file() else None,
             "merged": bool(adapter) and kw["merge_adapter"], "wave": WAVE_REVISION,
-            "required_values": kw["required_values"], "slot_tools": kw["slot_tools"]}
+            "required_values": kw["required_values"], "slot_tools": kw["slot_tools"],
+            "prefix_cache": kw["prefix_cache"]}
 
 
 def git_commit(own: Path | None = None) -> str | None:

@@ -185,7 +185,7 @@ def _scripted_run(tok, answers_by_key, request):
     _, keys = wave_questions(request)
     end = tok.convert_tokens_to_ids("<|im_end|>")
 
-    def run(prefix, suffixes, complete=None, cancelled=None, not_null=None, rows_of=None):
+    def run(prefix, suffixes, complete=None, cancelled=None, not_null=None, rows_of=None, key=None):
         assert len(suffixes) == len(keys)
         rows = [tok(answers_by_key.get(k, "null"), add_special_tokens=False)["input_ids"] + [end] for k in keys]
         return rows, {"prefill": 0.01, "decode": 0.02}
@@ -458,3 +458,31 @@ def test_a_staged_wave_answers_the_rows_it_asks_as_the_whole_wave_does(tiny_mode
     assert [texts[r] for r in asked] == [a["text"] for r, a in enumerate(whole.predict(request).answers) if r in asked]
     with pytest.raises(ValueError, match="slot_tools"):
         SlotWave(model, tokenizer=tok, slot_tools=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_wave_from_the_prefix_cache_answers_as_a_cold_wave(tiny_models, family):
+    """Two requests with the same tools and another dialogue: the second wave starts from the first one's prefix
+    (system prompt + tool list) and answers token for token as a cold wave; a request's own earlier wave is never
+    offered to it; staged waves too."""
+    import copy as copy_module
+
+    model, tok = tiny_models[family]
+    first = REQUESTS[1]
+    second = copy_module.deepcopy(first)
+    second["id"] = first["id"] + "-other"
+    second["messages"][-1]["content"] = "Something else entirely: " + second["messages"][-1]["content"][::-1]
+    for slot_tools in (None, 1):
+        cold = SlotWave(model, tokenizer=tok, max_value_tokens=CAP, slot_tools=slot_tools)
+        warm = SlotWave(model, tokenizer=tok, max_value_tokens=CAP, slot_tools=slot_tools, prefix_cache=4096)
+        assert [a["text"] for a in warm.predict(first).answers] == [a["text"] for a in cold.predict(first).answers]
+        assert warm.cached_tokens == 0
+        again = warm.predict(first)                          # its own prefix is in the cache: not offered
+        assert again.token_counts["cached"] == 0
+        pred, ref = warm.predict(second), cold.predict(second)
+        prefix = wave_inputs(tok, second)[0]
+        assert 16 <= pred.token_counts["cached"] < len(prefix)  # the shared system prompt and tools, not the dialogue
+        assert [a["text"] for a in pred.answers] == [a["text"] for a in ref.answers]
+        assert pred.payload == ref.payload
+    with pytest.raises(ValueError, match="prefix_cache"):
+        SlotWave(model, tokenizer=tok, prefix_cache=-1)

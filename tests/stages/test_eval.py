@@ -106,6 +106,9 @@ def test_a_sidecar_row_is_stale_when_its_adapter_changed():
     banned = {**newer, "required_values": True}  # required parameters may not answer null: measured again
     assert eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": newer}, banned)
     assert not eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": banned}, banned)
+    cached = {**banned, "prefix_cache": 8192}  # waves from the sidecar's prefix cache: measured again
+    assert eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": banned}, cached)
+    assert not eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": {**banned, "prefix_cache": 0}}, banned)
     assert not eval_stage.stale_sidecar_row({"method": "ar"}, ident)
     assert not eval_stage.stale_sidecar_row({"method": "ooo-oracle"}, ident)  # its hint is ar's text, no sidecar
     assert not eval_stage.stale_sidecar_row({"method": "ooo"}, None)  # a run without ooo keeps every row
