@@ -216,6 +216,7 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
         out["cells"].append(cell)
     out["mean_over_cells"] = {v: round(statistics.fmean(x), 3) for v, x in per_variant.items()}
     out["mean_decode_over_cells"] = {v: round(statistics.fmean(x), 3) for v, x in per_variant_dec.items()}
+    out["cells_per_variant"] = {v: len(x) for v, x in per_variant.items()}
     out["upper_bounds"] = {v: round(statistics.fmean(x), 3) for v, x in per_bound.items()}
     out["per_target"] = per_target_means(out["cells"])
     return out
@@ -334,15 +335,20 @@ def to_markdown(summary: dict, title: str = "") -> str:
         acc = cell.get("call_accuracy")
         lines.append(f"| {cell['target']} | {cell['benchmark']} | {'-' if acc is None else f'{acc:.0%}'} | "
                      f"{cell.get('call_accuracy_n', 0)} |")
-    lines += ["", "## Mean over cells (unweighted, as the paper reports)", "",
-              "| variant | mean end to end | mean decode |", "|---|---|---|"]
+    lines += ["", "## Mean over cells (unweighted, as the paper reports)", ""]
+    counts = summary.get("cells_per_variant", {})
+    if len(set(counts.values())) > 1:
+        lines += ["Variants were measured in different numbers of cells (column `cells`): their means are over "
+                  "different targets or benchmarks and are not comparable with each other; compare them per target "
+                  "(below).", ""]
+    lines += ["| variant | cells | mean end to end | mean decode |", "|---|---|---|---|"]
     uncached = {v for c in summary["cells"] for v, m in c["methods"].items() if m.get("no_prefix_cache")}
     for v in _sorted_methods(summary["mean_over_cells"]):
         name = f"{v} *(no prefix cache)*" if v in uncached else v
-        lines.append(f"| {name} | {summary['mean_over_cells'][v]:.2f}x | "
+        lines.append(f"| {name} | {counts.get(v, '-')} | {summary['mean_over_cells'][v]:.2f}x | "
                      f"{fmt(summary.get('mean_decode_over_cells', {}).get(v), '{:.2f}x')} |")
     for v, x in summary.get("upper_bounds", {}).items():
-        lines.append(f"| {v} *(upper bound, not a method)* | {x:.2f}x | - |")
+        lines.append(f"| {v} *(upper bound, not a method)* | - | {x:.2f}x | - |")
     if summary.get("per_target"):
         lines += ["", "## Mean over benchmarks, per target", "",
                   "| target | variant | cells | end to end vs ar | decode vs ar | vs toolspec, end to end | "

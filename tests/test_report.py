@@ -151,3 +151,14 @@ def test_busy_rows_are_flagged_left_out_and_counted(tmp_path):
     assert s["busy_rows"]["utilization"]["ar"] == pytest.approx(0.95)
     md = (tmp_path / "summary.md").read_text()
     assert "Busy rows: 1" in md and "EPYC / avx512_bf16 / bf16 / torch 2.13 (6 rows)" in md and "Prefill:" in md
+
+
+def test_means_over_different_cells_say_so():
+    """A target whose `ooo` rows are missing: the mean over cells counts each variant's cells and says the means are
+    not comparable; with every variant in every cell it says nothing."""
+    other = [dict(r, key=r["key"].replace("t|", "u|", 1), target="u") for r in ROWS if r["method"] != "ooo"]
+    s = summarize(ROWS + other, n_boot=20)
+    assert s["cells_per_variant"] == {"ar": 2, "ooo": 1, "hf-pld": 2}
+    md = to_markdown(s)
+    assert "not comparable" in md and "| ooo | 1 |" in md
+    assert "not comparable" not in to_markdown(summarize(ROWS, n_boot=20))
