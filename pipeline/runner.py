@@ -3,7 +3,8 @@
 The protocol, so that a speedup can be trusted:
 - **same hardware**: every baseline (`ar`, `pld`, `toolspec`, `ooo-oracle`, the transformers peers) runs with every
   core the machine gives (schedule `all-cores`); `ooo` runs under each schedule asked for (`split`, `colocated`,
-  `adaptive`, `sequential`, `deferred`, see runtime/schedule.py) on the same cores, and its rows carry the sidecar's CPU seconds;
+  `adaptive`, `sequential`, `deferred`, see runtime/schedule.py) on the same cores, and its rows carry the sidecar's
+  CPU seconds;
 - **warm**: every variant decodes the first request once, untimed, before any timed row (first-call costs of tree
   masks, `generate` set-up and the sidecar's model load are nobody's);
 - **shuffled**: the variants run in an order shuffled per request with a fixed seed;
@@ -14,9 +15,9 @@ The protocol, so that a speedup can be trusted:
   `toolspec`, `ooo-oracle`) share one measured prefill per request (its KV restored, its seconds and CPU seconds
   charged to each) and the same prefix cache, which never offers a request its own prompt, and so does `ooo` under
   `deferred` (its wave starts after the prefill); other `ooo` variants prefill themselves beside (or after) their
-  wave. The transformers peers prefill the whole prompt themselves, without the prefix
-  cache (their candidate generation does not continue from a prefilled cache: `HFPeers.generate`); their rows say
-  `prefix_cache: false` and the report marks their end-to-end ratios;
+  wave. The transformers peers prefill the whole prompt themselves, without the prefix cache (their candidate
+  generation does not continue from a prefilled cache: `HFPeers.generate`); their rows say `prefix_cache: false` and
+  the report marks their end-to-end ratios;
 - **busy rows**: each row records the machine's load, steal and busy CPU seconds around it (`measured`), so the
   report can flag rows that shared the cores with another job;
 - `ooo-oracle`'s hint is the same request's `ar` output (`ar` runs first when the shuffle put it later).

@@ -4,8 +4,9 @@ Run as: python -m pipeline.serve --recipe recipes/serve/qwen2.5-coder-1.5b-cpu.y
 
 Cores follow the runtime's schedules (pipeline/runtime/schedule.py): `adaptive` (default) pins the sidecar process to
 the last core and gives the target every core except while a wave computes; `deferred` does the same but starts the
-wave when the prefill ends; `split` keeps the target on n-1 cores; `colocated` puts both on every core. The target's tree budget comes from its measured cost curve (cached per machine),
-and the prefix cache reuses a shared prompt prefix (system prompt, the same tools) across requests.
+wave when the prefill ends (the CPU recipe's choice); `split` keeps the target on n-1 cores; `colocated` puts both on
+every core. The target's tree budget comes from its measured cost curve (cached per machine), and the prefix cache
+reuses a shared prompt prefix (system prompt, the same tools) across requests.
 With method `ooo`, a missing sidecar model or adapter folder stops start-up with an error that names it and the
 command that builds it (`sidecar.adapter: null` runs the base model without an adapter).
 """

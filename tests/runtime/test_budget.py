@@ -390,7 +390,7 @@ def test_deferred_schedule_starts_the_wave_after_the_prefill_on_every_core(targe
     import torch
 
     from pipeline.runtime.schedule import Schedule
-    from pipeline.runtime.target import decoder_body
+    from pipeline.runtime.target import PrefillMemo, decoder_body
 
     target, req = targets["qwen2"], requests[0]
     ar = generate(target, req, "ar", max_new_tokens=12)
@@ -421,9 +421,18 @@ def test_deferred_schedule_starts_the_wave_after_the_prefill_on_every_core(targe
     try:
         res = generate(target, req, "ooo", sidecar=sidecar, schedule=Schedule("deferred", [0, 1]),
                        max_new_tokens=12, prefill_chunk=4)
+        # with the eval's shared prefill (restored in milliseconds, charged its measured seconds) the hint's ready
+        # time still counts that prefill: the wave started after it
+        target.memo = PrefillMemo()
+        generate(target, req, "toolspec", schedule=Schedule("all-cores", [0, 1]), max_new_tokens=2, reuse_prefill=True)
+        shared = generate(target, req, "ooo", sidecar=Deferred(), schedule=Schedule("deferred", [0, 1]),
+                          max_new_tokens=12, reuse_prefill=True)
     finally:
         hook.remove()
+        target.memo = None
         torch.set_num_threads(1)
+    assert shared.stats.prefill_reused and shared.token_ids == ar.token_ids
+    assert shared.stats.hint_ready_s >= shared.stats.prefill_s
     chunks = -(-(res.stats.prompt_tokens - 1 - res.stats.cached_tokens) // 4)  # a prefix-cache hit is not computed
     assert res.token_ids == ar.token_ids
     assert sidecar.started_after == chunks                 # not before the prefill's last chunk, and before decoding
