@@ -179,7 +179,8 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
 
     chunk = next_chunk if schedule is not None and hasattr(schedule, "chunk") else prefill_chunk
     stats.prefill_s = target.prefill(prompt[:-1], key=request.get("id"), reuse=reuse_prefill, chunk=chunk,
-                                     between=set_threads if schedule is not None else None)
+                                     between=set_threads if schedule is not None else None,
+                                     salt=request.get("cache_salt"))
     stats.cached_tokens = getattr(target, "cached_tokens", 0)
     done = getattr(target, "last_prefill", {})
     stats.prefill_reused, stats.prefill_cpu_s = bool(done.get("reused")), float(done.get("cpu_s") or 0.0)

@@ -89,17 +89,21 @@ def decode(tokenizer, ids: list[int]) -> str:
 
 
 class PrefixCache:
-    """Bounded LRU store of prompt KV caches: (tokens, per-layer keys/values). Longest shared prefix wins."""
+    """Bounded LRU store of prompt KV caches: (tokens, per-layer keys/values). Longest shared prefix wins.
+
+    `key`: the request's id (a request never reuses its own entry). `salt`: entries are shared only between requests
+    with the same salt (vLLM's `cache_salt`): a server salts by tenant, so a client cannot time whether another one
+    sent the same system prompt and tools."""
 
     def __init__(self, max_tokens: int = 32768, min_tokens: int = 16):
         self.max_tokens, self.min_tokens = max_tokens, min_tokens
-        self.entries: list[tuple[tuple[int, ...], str | None, list]] = []  # most recently used last
+        self.entries: list[tuple[tuple[int, ...], str | None, str | None, list]] = []  # most recently used last
 
-    def lookup(self, ids: list[int], key: str | None = None) -> tuple[int, list | None]:
+    def lookup(self, ids: list[int], key: str | None = None, salt: str | None = None) -> tuple[int, list | None]:
         """(shared prefix length, the entry's per-layer (keys, values)) of the best entry; (0, None) if none pays."""
         best, best_i = 0, -1
-        for i, (toks, k, _) in enumerate(self.entries):
-            if key is not None and k == key:
+        for i, (toks, k, s, _) in enumerate(self.entries):
+            if (key is not None and k == key) or s != salt:
                 continue
             n, limit = 0, min(len(toks), len(ids))
             while n < limit and toks[n] == ids[n]:
@@ -110,16 +114,16 @@ class PrefixCache:
             return 0, None
         entry = self.entries.pop(best_i)
         self.entries.append(entry)
-        return best, entry[2]
+        return best, entry[3]
 
-    def store(self, ids: list[int], key: str | None, cache) -> None:
+    def store(self, ids: list[int], key: str | None, cache, salt: str | None = None) -> None:
         if len(ids) < self.min_tokens or len(ids) > self.max_tokens:
             return
         toks = tuple(ids)
-        self.entries = [e for e in self.entries if e[0] != toks]
+        self.entries = [e for e in self.entries if (e[0], e[2]) != (toks, salt)]
         layers = [(layer.keys[..., :len(ids), :].clone(), layer.values[..., :len(ids), :].clone())
                   for layer in cache.layers]
-        self.entries.append((toks, key, layers))
+        self.entries.append((toks, key, salt, layers))
         while sum(len(e[0]) for e in self.entries) > self.max_tokens:
             self.entries.pop(0)
 
@@ -225,13 +229,14 @@ class Target:
 
     @torch.inference_mode()
     def prefill(self, ids: list[int], key: str | None = None, reuse: bool = False, prefix_cache: bool = True,
-                chunk: int | None = None, between=None) -> float:
+                chunk: int | None = None, between=None, salt: str | None = None) -> float:
         """Start a new request: fill a fresh cache with `ids` (the prompt minus its last token), reusing the longest
         prefix the prefix cache holds (not one stored under the same `key`); returns the seconds it is charged.
 
         reuse: take this request's earlier measured prefill on the same threads from `self.memo` (restored KV,
           charged its measured seconds; `last_prefill["spent"]` says what the restore really took).
         prefix_cache: false neither reads nor stores the prefix cache (the cost curve's synthetic prompt).
+        salt: the prefix cache's partition (`PrefixCache`): only entries stored with the same salt are reused.
         chunk: feed the uncached prompt in chunks of this many tokens (None: one forward), or a callable asked for
           each chunk's size (after `between()`); `between()` is called before every chunk after the first (the
           adaptive schedule sets the thread count there, so the target gets every core back as soon as the wave
@@ -251,7 +256,7 @@ class Target:
                                  "spent": time.perf_counter() - t0}
             return hit["seconds"]
         store = self.prefix_cache if prefix_cache else None
-        done, layers = store.lookup(ids, key) if store is not None else (0, None)
+        done, layers = store.lookup(ids, key, salt) if store is not None else (0, None)
         if layers is not None:
             done = min(done, len(ids))
             for i, (k, v) in enumerate(layers):
@@ -269,7 +274,7 @@ class Target:
             fill_cache(self.model, input_ids=x, position_ids=pos, cache=self.cache)
             start = end
         if store is not None and ids:
-            store.store(ids, key, self.cache)
+            store.store(ids, key, self.cache, salt)
         seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0
         if reuse and self.memo is not None:
             self.memo.put(key, ids, threads, self.cache, seconds, cpu_s, done)

@@ -56,6 +56,8 @@ class ServeConfig:
     shared_history: bool = False         # true: every tenant's calls draft for every other (a timing side channel)
     history_tenants: int = 64            # tenants whose history is kept (LRU); a tenant = API key, else `user`
     history_outputs: int = 256           # outputs kept per tenant history
+    shared_prefix_cache: bool = False    # true: tenants share the prefix caches' KV (a timing side channel); else
+                                         # each tenant (and each body `cache_salt`) has its own partition
     warmup: bool = True                  # one short generation (and one wave) before the port opens
     log_level: str = "info"
 
@@ -124,7 +126,8 @@ def build_engine(cfg: ServeConfig) -> Engine:
                     queue_size=cfg.queue_size, max_tokens=cfg.max_tokens, max_context=cfg.max_context,
                     call_format=cfg.call_format, schedule=schedule, prefill_chunk=cfg.prefill_chunk,
                     request_timeout_s=cfg.request_timeout_s, shared_history=cfg.shared_history,
-                    history_tenants=cfg.history_tenants, history_outputs=cfg.history_outputs)
+                    history_tenants=cfg.history_tenants, history_outputs=cfg.history_outputs,
+                    shared_prefix_cache=cfg.shared_prefix_cache)
     if cfg.warmup:
         warm_up(engine)
     return engine

@@ -115,7 +115,7 @@ class Engine:
                  queue_size: int = 8, max_tokens: int = 256, max_context: int | None = None,
                  call_format: str = "auto", schedule=None, prefill_chunk: int | None = None,
                  request_timeout_s: float | None = None, shared_history: bool = False, history_tenants: int = 64,
-                 history_outputs: int = 256, watchdog_s: float = 0.5):
+                 history_outputs: int = 256, watchdog_s: float = 0.5, shared_prefix_cache: bool = False):
         if call_format not in CALL_FORMATS:
             raise ValueError(f"call_format {call_format!r}; expected one of {CALL_FORMATS}")
         if queue_size < 1:
@@ -126,6 +126,8 @@ class Engine:
         # the history drafter's earlier calls, per tenant (LRU, bounded): one client's calls never draft another's
         self.shared_history, self.history_tenants, self.history_outputs = shared_history, history_tenants, history_outputs
         self.histories: OrderedDict[str, History] = OrderedDict()
+        # the prefix caches (target and wave) likewise, by salt: a tenant never reuses, nor times, another's prompt KV
+        self.shared_prefix_cache = shared_prefix_cache
         self.worker_restarts, self.watchdog_s = 0, watchdog_s
         self._closing = False
         self._revive_lock = threading.Lock()
@@ -259,6 +261,13 @@ class Engine:
             self.histories.popitem(last=False)
         return history
 
+    def cache_salt(self, chat: Chat) -> str | None:
+        """The request's partition of the prefix caches: its tenant (and its body's `cache_salt`, if any); with
+        `shared_prefix_cache` only the body's salt, so requests without one share one cache."""
+        if self.shared_prefix_cache:
+            return chat.cache_salt
+        return chat.tenant if chat.cache_salt is None else f"{chat.tenant}|{chat.cache_salt}"
+
     def execute(self, job: Job):
         """Run one job now, in this thread (the worker's body; benchmarks call it directly)."""
         def on_commit(ids: list[int]) -> None:  # every round, streaming or not: a job that is no longer wanted stops
@@ -272,7 +281,8 @@ class Engine:
                 job.emit("tokens", ids)
 
         sidecar = self.sidecar if self.method == "ooo" else None
-        return generate(Prompted(self.target, job.prefix), job.chat.request, self.method, sidecar=sidecar,
+        request = dict(job.chat.request, cache_salt=self.cache_salt(job.chat))
+        return generate(Prompted(self.target, job.prefix), request, self.method, sidecar=sidecar,
                         max_new_tokens=job.max_new_tokens, on_commit=on_commit, history=self.history_for(job.chat.tenant),
                         schedule=self.schedule, prefill_chunk=self.prefill_chunk)
 

@@ -58,6 +58,7 @@ class Chat:
     tool_choice: str | dict = "auto"   # "auto" | "none" | "required" | a function name (dict {"name": ...})
     parallel_tool_calls: bool = True
     tenant: str = "anonymous"          # whose history drafts for this request: the API key's digest, else `user`
+    cache_salt: str | None = None      # the body's `cache_salt` (vLLM's): its own partition of the prefix caches
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -236,12 +237,15 @@ def parse_chat(body: dict, served_model: str, api_key: str | None = None) -> Cha
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise bad(f"user={user!r}: expected a string", param="user")
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt or len(salt) > 256):
+        raise bad(f"cache_salt={salt!r}: expected a non-empty string of at most 256 characters", param="cache_salt")
     request = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
                "messages": [_message(m, i) for i, m in enumerate(messages)],
                "tools": [] if choice == "none" else tools}
     return Chat(request, model, stream=stream, include_usage=bool(options.get("include_usage")),
                 max_tokens=max_tokens, tool_choice=choice, parallel_tool_calls=parallel is not False,
-                tenant=tenant_of(api_key, user))
+                tenant=tenant_of(api_key, user), cache_salt=salt)
 
 
 # --- responses ----------------------------------------------------------------------------------------------------

@@ -203,7 +203,8 @@ class SlotWave:
     its first token ranks highest are decoded (`tools_to_ask`); None: every tool's slots (one stage).
     `prefix_cache`: keep the prefix KV of recent waves, up to this many tokens in all (0: none), and start a wave
     from the longest prefix another request shared with it (the system prompt and tool list a server sends with
-    every request), as the target's prefix cache does; never a request's own earlier wave (by its id).
+    every request), as the target's prefix cache does; never a request's own earlier wave (by its id), and only
+    within the request's `cache_salt` (a server's tenant: `PrefixCache`).
     """
 
     def __init__(self, model, adapter: str | Path | None = None, *, tokenizer=None,
@@ -257,7 +258,7 @@ class SlotWave:
         token_rows, run_timings = self.run(prefix, suffixes, (lambda r, text: answer_complete(text, keys[r][0], n_tools))
                                            if self.early_stop else None, cancelled,
                                            required_rows(request, keys) if self.required_values else None, rows_of,
-                                           key=request.get("id"))
+                                           key=request.get("id"), salt=request.get("cache_salt"))
         timings.update(run_timings)
         texts = answer_texts(self.tokenizer, token_rows, self.stop_ids)
         pred = finish_prediction(request, keys, texts, timings, t_start)
@@ -273,21 +274,22 @@ class SlotWave:
         return [t[0] for t in ids] if all(len(t) == 1 for t in ids) and len({t[0] for t in ids}) == n_tools else None
 
     def run(self, prefix: list[int], suffixes: list[list[int]], complete=None,
-            cancelled=None, not_null=None, rows_of=None, key: str | None = None) -> tuple[list[list[int]], dict]:
+            cancelled=None, not_null=None, rows_of=None, key: str | None = None,
+            salt: str | None = None) -> tuple[list[list[int]], dict]:
         """Greedy tokens of every row `prefix + suffixes[b]`: each ends at its stop token, at the cap, or as soon as
         `complete(b, text)` says its text so far is a whole answer (the row then leaves the batch). `cancelled()` is
         checked before every forward: true raises `Cancelled`. Rows in `not_null` cannot open a `null` (greedy
         over the other tokens while their text is blank). `rows_of(logits)`: a staged wave; row 0's suffix runs
         alone first, and `rows_of` gets its next-token logits [V] and returns the rows to decode (row 0 always
         among them) or None for all; rows left out get no tokens. `key`: the request's id (the prefix cache never
-        offers a request its own prefix)."""
+        offers a request its own prefix); `salt`: its partition of the prefix cache (the request's `cache_salt`)."""
         import torch
 
         with torch.inference_mode():
             if rows_of is None or len(suffixes) == 1:
-                return self._run(prefix, suffixes, complete, cancelled, not_null, key=key)
+                return self._run(prefix, suffixes, complete, cancelled, not_null, key=key, salt=salt)
             t0 = time.perf_counter()
-            cache = self._prefix_cache(prefix, key)
+            cache = self._prefix_cache(prefix, key, salt)
             chosen = rows_of(self._first_logits(cache, len(prefix), suffixes[0]))
             if chosen is None:
                 tokens, timings = self._run(prefix, suffixes, complete, cancelled, not_null, cache=cache)
@@ -304,7 +306,7 @@ class SlotWave:
             timings["prefill"] = time.perf_counter() - t0 - timings["decode"]
             return tokens, timings
 
-    def _prefix_cache(self, prefix: list[int], key: str | None = None):
+    def _prefix_cache(self, prefix: list[int], key: str | None = None, salt: str | None = None):
         """The prefix's KV in a DynamicCache: the longest prefix the prefix cache shares with it (another request's),
         then one forward over the rest; stored for the waves after it."""
         import torch
@@ -314,7 +316,7 @@ class SlotWave:
 
         dev = self.model.device
         cache = DynamicCache(config=self.model.config)
-        done, layers = self.prefixes.lookup(prefix, key) if self.prefixes is not None else (0, None)
+        done, layers = self.prefixes.lookup(prefix, key, salt) if self.prefixes is not None else (0, None)
         if layers is not None:
             done = min(done, len(prefix))
             for i, (k, v) in enumerate(layers):  # views of the stored tensors: the cache only grows by concatenation
@@ -324,7 +326,7 @@ class SlotWave:
                        position_ids=torch.arange(done, len(prefix), device=dev)[None], cache=cache)
         self.cached_tokens = done
         if self.prefixes is not None:
-            self.prefixes.store(prefix, key, cache)
+            self.prefixes.store(prefix, key, cache, salt)
         return cache
 
     def _first_logits(self, prefix_cache, n_prefix: int, suffix: list[int]):
@@ -355,7 +357,7 @@ class SlotWave:
             logits[ban] = logits[ban].masked_fill(self._null_mask(logits.shape[-1]), float("-inf"))
         return logits.argmax(-1)
 
-    def _run(self, prefix, suffixes, complete=None, cancelled=None, not_null=None, cache=None, key=None):
+    def _run(self, prefix, suffixes, complete=None, cancelled=None, not_null=None, cache=None, key=None, salt=None):
         import torch
 
         if not prefix or not suffixes or any(not s for s in suffixes):
@@ -367,7 +369,7 @@ class SlotWave:
         # Prefix once: [1, P] -> cache (or the staged wave's), written once into each row's slot of a preallocated
         # batch cache.
         if cache is None:
-            cache = self._prefix_cache(prefix, key)
+            cache = self._prefix_cache(prefix, key, salt)
         if self.prealloc:
             cache = rows_cache(cache, n_rows, n_prefix + width + self.max_value_tokens)
         else:

@@ -267,6 +267,11 @@ def test_the_budget_state_of_a_request_does_not_depend_on_the_request_before(tok
     learned = budget.acceptance.as_dict()
     second = generate(after, req, "toolspec", max_new_tokens=64)
     assert second.token_ids == alone.token_ids
+    # a salt (a server's tenant) partitions the cache: another salt's entries are never reused, its own are
+    target.prefill(prefix, key="b1", salt="tenant-b")
+    assert target.cached_tokens == 0
+    target.prefill(prefix, key="b2", salt="tenant-b")
+    assert target.cached_tokens == len(prefix) and torch.allclose(next_logits(), cold, atol=1e-12, rtol=0)
     assert budget.rounds == len(second.stats.tree_sizes)  # counted from this request's start
     assert learned != Acceptance().as_dict()  # the first request taught it something, and it was kept
 

@@ -147,3 +147,24 @@ def test_one_tenants_calls_never_draft_for_another(tiny):
         for t in ("user:c", "user:d", "user:e"):
             engine.history_for(t)
         assert len(engine.histories) <= 2
+
+
+def test_one_tenants_prompt_cache_never_serves_another(tiny):
+    """The prefix cache is partitioned by tenant (and by a body's `cache_salt`, vLLM's field): B's identical prompt
+    is prefilled cold after A's, A's second request reuses A's KV; with shared_prefix_cache B reuses it too."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "weather in Paris?"}],
+            "tools": tiny.requests[0]["tools"], "max_tokens": 4}
+    for shared in (False, True):
+        engine = Engine(tiny.target(), "ar", model_name="tiny", max_context=4096, shared_prefix_cache=shared)
+
+        def cached(engine=engine, **extra):
+            job = engine.prepare(parse_chat(body | extra, "tiny"))
+            return engine.execute(job).stats.cached_tokens
+
+        assert cached(user="alice") == 0
+        assert cached(user="alice") > 0, "a tenant reuses its own prompt's KV"
+        assert (cached(user="bob") > 0) is shared, "another tenant's KV only when the cache is shared"
+        assert cached(user="alice", cache_salt="s1") == 0  # a salt of its own: a partition of its own
+        assert engine.cache_salt(chat(user="x", cache_salt="s1")) == ("s1" if shared else "user:x|s1")
+    with pytest.raises(ApiError, match="cache_salt"):
+        chat(cache_salt=7)

@@ -464,7 +464,7 @@ def test_a_staged_wave_answers_the_rows_it_asks_as_the_whole_wave_does(tiny_mode
 def test_a_wave_from_the_prefix_cache_answers_as_a_cold_wave(tiny_models, family):
     """Two requests with the same tools and another dialogue: the second wave starts from the first one's prefix
     (system prompt + tool list) and answers token for token as a cold wave; a request's own earlier wave is never
-    offered to it; staged waves too."""
+    offered to it, nor one of another `cache_salt`; staged waves too."""
     import copy as copy_module
 
     model, tok = tiny_models[family]
@@ -484,5 +484,8 @@ def test_a_wave_from_the_prefix_cache_answers_as_a_cold_wave(tiny_models, family
         assert 16 <= pred.token_counts["cached"] < len(prefix)  # the shared system prompt and tools, not the dialogue
         assert [a["text"] for a in pred.answers] == [a["text"] for a in ref.answers]
         assert pred.payload == ref.payload
+        salted = dict(second, id=second["id"] + "-salted", cache_salt="tenant-b")  # another tenant: not shared
+        assert warm.predict(salted).token_counts["cached"] == 0
+        assert warm.predict(dict(salted, id=salted["id"] + "-2")).token_counts["cached"] == len(prefix)
     with pytest.raises(ValueError, match="prefix_cache"):
         SlotWave(model, tokenizer=tok, prefix_cache=-1)
