@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pipeline.runtime import Ready, generate
-from pipeline.runtime.budget import Acceptance, CostCurve, TreeBudget, node_probs, subtree
+from pipeline.runtime.budget import Acceptance, CostCurve, TreeBudget, alternatives, node_probs, subtree
 from pipeline.payload import gold_payload
 from pipeline.runtime.replay import ReplayTarget
 from pipeline.runtime.verify import build_tree
@@ -52,6 +52,23 @@ def test_acceptance_learns_per_source():
     for _ in range(20):
         acc.update(tree, [1, 2, 3])  # the hint chain is always accepted, the schema branch never
     assert acc.rate(1) > 0.9 and acc.rate(2) < 0.1
+
+
+def test_a_sources_alternatives_do_not_count_against_its_chains():
+    # the hint proposes its call in three formats: the first is the target's, the other two diverge at once
+    tree = build_tree(0, [([5, 6, 7, 8], 1), ([9, 6, 7, 8], 1), ([10, 6, 7], 1), ([11], 2)], 32, 24)
+    assert alternatives(tree) == [0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0]  # the schema's 11 is its own first child
+    acc = Acceptance({1: 0.5, 2: 0.5}, weight=1.0)
+    for _ in range(20):
+        acc.update(tree, [1, 2, 3, 4])
+    # one rate for both would be 4 accepted of 6 tries per round (~0.67): each chain token would look like a gamble
+    assert acc.rate(1) > 0.95 and acc.rate(1, alt=True) < 0.05 and acc.rate(2) < 0.05
+    probs = node_probs(tree, acc)
+    assert probs[4] > 0.85 and max(probs[5], probs[9]) < 0.05
+    # on the 1.5B target's measured curve (bf16, 2 cores) the budget verifies the whole chain and no alternative
+    curve = CostCurve((1, 2, 4, 8, 16, 32), (0.198, 0.179, 0.219, 0.241, 0.315, 0.446))
+    sub, _ = TreeBudget(curve, acceptance=acc).choose(tree)
+    assert sub.tokens[:5] == [0, 5, 6, 7, 8] and not {9, 10} & set(sub.tokens)
 
 
 def test_curve_interpolates_and_cache_round_trips(tmp_path, monkeypatch):
@@ -250,6 +267,11 @@ def test_chunked_prefill_equals_one_forward_cold_and_after_a_partial_prefix_hit(
     target.prefill(prefix, key="this", chunk=4)
     assert target.cached_tokens == half
     assert torch.allclose(next_logits(), cold, atol=1e-12, rtol=0)
+    # a salt (a server's tenant) partitions the cache: another salt's entries are never reused, its own are
+    target.prefill(prefix, key="b1", salt="tenant-b")
+    assert target.cached_tokens == 0
+    target.prefill(prefix, key="b2", salt="tenant-b")
+    assert target.cached_tokens == len(prefix) and torch.allclose(next_logits(), cold, atol=1e-12, rtol=0)
     target.prefix_cache = PrefixCache()
 
 
@@ -267,11 +289,6 @@ def test_the_budget_state_of_a_request_does_not_depend_on_the_request_before(tok
     learned = budget.acceptance.as_dict()
     second = generate(after, req, "toolspec", max_new_tokens=64)
     assert second.token_ids == alone.token_ids
-    # a salt (a server's tenant) partitions the cache: another salt's entries are never reused, its own are
-    target.prefill(prefix, key="b1", salt="tenant-b")
-    assert target.cached_tokens == 0
-    target.prefill(prefix, key="b2", salt="tenant-b")
-    assert target.cached_tokens == len(prefix) and torch.allclose(next_logits(), cold, atol=1e-12, rtol=0)
     assert budget.rounds == len(second.stats.tree_sizes)  # counted from this request's start
     assert learned != Acceptance().as_dict()  # the first request taught it something, and it was kept
 
