@@ -142,7 +142,7 @@ def main() -> None:
         f = {m: sum(p[m]["forwards"] for p in sel) for m in METHODS}
         s = {m: sum(p[m]["seconds"] for p in sel) for m in METHODS}
         gain = s["toolspec"] - s["ooo-oracle"]
-        share = f"{(s['toolspec'] - s['ooo']) / gain:.0%}" if gain > 0 else "-"
+        share = f"{(s['toolspec'] - s['ooo']) / gain:.0%}" if gain > 0.05 * s["toolspec"] else "-"
         print(f"| {c} | {len(sel)} | " + " | ".join(f"{f[m]} ({s[m]:.1f})" for m in METHODS) + f" | {share} |")
     if args.out is not None:
         with atomic_open(args.out) as f:

@@ -15,13 +15,16 @@ Per benchmark:
   call EM             the payload's top call names the reference tool and every parameter matches;
   payload / bytes     share of requests with a payload, mean payload bytes (compact JSON, `others` included);
   others              mean number of other tools the payload drafts (their non-null, schema-valid slots);
-  wave s / prompts    mean wave latency and prompts per wave; skipped, and which reference the rows were judged by.
+  wave s / prompts    mean wave latency (p50, p95: nearest rank), its CPU seconds (every thread; waves run one at a
+                      time in the stage's process) and prompts per wave; skipped, and which reference the rows were
+                      judged by.
 The stage that runs the wave and writes the table is `pipeline.stages.sidecar_eval`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,8 @@ METRICS = [("function_accuracy", "function acc", "%"), ("slot_exact", "value EM"
            ("function_accuracy_multi", "multi fn acc", "%"), ("requests_multi", "multi", "n"),
            ("null_precision", "null P", "%"), ("null_recall", "null R", "%"), ("whole_call", "call EM", "%"),
            ("payload_rate", "payload", "%"), ("mean_payload_bytes", "bytes", "f"), ("mean_others", "others", "f"),
-           ("mean_latency_s", "wave s", "f"), ("mean_prompts", "prompts", "f"), ("skipped", "skipped", "n"),
+           ("mean_latency_s", "wave s", "f"), ("p50_latency_s", "wave p50", "f"), ("p95_latency_s", "wave p95", "f"),
+           ("mean_cpu_s", "wave CPU-s", "f"), ("mean_prompts", "prompts", "f"), ("skipped", "skipped", "n"),
            ("reference", "judged against", "s")]
 
 
@@ -197,6 +201,14 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank q-th percentile (None without values): the smallest value with q% of them at or below it."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
 def aggregate(scores: list[dict], skipped: int = 0) -> dict:
     """Summary metrics of scored requests (each may carry "latency_s" and "n_prompts")."""
     n = len(scores)
@@ -204,6 +216,7 @@ def aggregate(scores: list[dict], skipped: int = 0) -> dict:
     multi = [s for s in scores if s["multi_tool"]]
     with_payload = [s for s in scores if s["has_payload"]]
     lat = [s["latency_s"] for s in scores if s.get("latency_s") is not None]
+    cpu = [s["cpu_s"] for s in scores if s.get("cpu_s") is not None]
     prompts = [s["n_prompts"] for s in scores if s.get("n_prompts") is not None]
     sources = {src: sum(s["source"] == src for s in scores) for src in ("labels", "gold")}
     reference = " + ".join(f"{src} {k}" if all(sources.values()) else src for src, k in sources.items() if k)
@@ -222,6 +235,9 @@ def aggregate(scores: list[dict], skipped: int = 0) -> dict:
         "mean_payload_bytes": _ratio(sum(s["payload_bytes"] for s in with_payload), len(with_payload)),
         "mean_others": _ratio(sum(s["others"] for s in with_payload), len(with_payload)),
         "mean_latency_s": _ratio(sum(lat), len(lat)),
+        "p50_latency_s": percentile(lat, 50),
+        "p95_latency_s": percentile(lat, 95),
+        "mean_cpu_s": _ratio(sum(cpu), len(cpu)),
         "mean_prompts": _ratio(sum(prompts), len(prompts)),
         "skipped": skipped,
         "reference": reference or "-",

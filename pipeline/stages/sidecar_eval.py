@@ -26,8 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..artifacts import seal
+from ..hardware import cpu_sample, cpu_usage, machine
 from ..io import InputError, ResumableJsonl, atomic_open, iter_jsonl, sha256_file, write_json, write_manifest
 from ..recipes import load_recipe, section
+from ..report import BUSY_FOREIGN_CORES as BUSY_CORES
 from ..requests import load_requests
 from ..sidecar.accuracy import (adapter_of, base_model_of, load_labels, markdown_table, prediction_row,
                                 misses_table, reference_call, request_misses, row_prediction, score_request,
@@ -156,7 +158,13 @@ def predict(cfg: SidecarEvalConfig, requests: list[dict], preds_path: Path) -> d
         with tqdm(total=len(todo), desc="sidecar_eval", unit="req") as bar:
             for k in range(0, len(todo), step):
                 chunk = todo[k:k + step]
+                before = cpu_sample()
                 preds = wave.predict_many(chunk) if step > 1 else [wave.predict(chunk[0])]
+                if step == 1:  # one wave: its CPU seconds, and the CPU other processes used meanwhile
+                    used = cpu_usage(before, cpu_sample())
+                    preds[0].timings["cpu_s"] = used["cpu_s"]
+                    if used["machine_cpu_s"] is not None:
+                        preds[0].timings["others_cpu_s"] = max(0.0, used["machine_cpu_s"] - used["cpu_s"])
                 for req, pred in zip(chunk, preds):
                     store.write(prediction_row(req, pred, fp))
                 bar.update(len(chunk))
@@ -191,9 +199,21 @@ def score(requests: list[dict], rows: dict[str, dict], labels: dict[str, dict],
         if misses is not None:
             misses += [{"id": req["id"], "group": group, "source": ref["source"], **m}
                        for m in request_misses(req, pred, ref)]
-        s.update(group=group, latency_s=row["timings"].get("total"), n_prompts=row["n_prompts"])
+        s.update(group=group, latency_s=row["timings"].get("total"), n_prompts=row["n_prompts"],
+                 cpu_s=row["timings"].get("cpu_s"), others_cpu_s=row["timings"].get("others_cpu_s"))
         scores.append(s)
     return summarize(scores, skipped)
+
+
+def machine_line(cfg: SidecarEvalConfig, rows: dict[str, dict]) -> str:
+    """The machine the waves ran on and whether anything else ran beside them (busy: other processes used more than
+    BUSY_CORES cores on average during a wave; waves predicted before cpu_s was recorded are not counted)."""
+    m = machine(cfg.dtype, cfg.threads)
+    timed = [r["timings"] for r in rows.values() if "others_cpu_s" in r["timings"]]
+    busy = sum(t["others_cpu_s"] > BUSY_CORES * t["total"] for t in timed)
+    return (f"Machine: {m['cpu'].get('model')}, {m['cpu'].get('cores')} cores, flags {' '.join(m['cpu'].get('flags', []))}"
+            f", torch {m.get('torch')}; dtype {m.get('dtype')}, {m.get('threads')} threads. Busy waves: {busy} of "
+            f"{len(timed)} timed (other processes used more than {BUSY_CORES} cores during the wave).")
 
 
 def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
@@ -217,7 +237,7 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
     write_json(out / "accuracy.json", result)
     with atomic_open(out / "misses.jsonl") as f:
         f.writelines(json.dumps(m, ensure_ascii=False) + "\n" for m in misses)
-    table = markdown_table(summary)
+    table = machine_line(cfg, rows) + "\n\n" + markdown_table(summary)
     if summary_gold:
         table += "\nThe same predictions judged against gold only:\n\n" + markdown_table(summary_gold)
     table += (f"\nWhere the misses are ({summary['all']['reference']}; each in misses.jsonl):\n\n"

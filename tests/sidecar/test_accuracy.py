@@ -70,7 +70,7 @@ def test_score_request_on_fixed_predictions():
 def test_aggregate_and_table():
     scores = [score_request(r, p, reference_call(r)) for r, p in zip(REQUESTS, PREDICTIONS)]
     for s, lat in zip(scores, (1.0, 2.0, 3.0, 4.0)):
-        s.update(group="fixture/test", latency_s=lat, n_prompts=5)
+        s.update(group="fixture/test", latency_s=lat, n_prompts=5, cpu_s=lat / 2 if lat < 4 else None)
     m = aggregate(scores, skipped=2)
     assert m["requests"] == 4 and m["function_accuracy"] == 0.75
     assert m["requests_multi"] == 3 and m["function_accuracy_multi"] == pytest.approx(2 / 3)
@@ -79,6 +79,8 @@ def test_aggregate_and_table():
     assert m["payload_rate"] == 1.0 and m["mean_others"] == 0.25 and m["unknown"] == 1
     assert m["mean_payload_bytes"] == sum(payload_bytes(p) for p in (PA, PC, PB, PD)) / 4
     assert m["mean_latency_s"] == 2.5 and m["mean_prompts"] == 5 and m["skipped"] == 2 and m["reference"] == "gold"
+    assert m["p50_latency_s"] == 2.0 and m["p95_latency_s"] == 4.0  # nearest rank
+    assert m["mean_cpu_s"] == 1.0  # over the waves that recorded it
     scores[0].update(group="other/dev", source="labels")
     summary = summarize(scores, {"fixture/test": 1, "empty/test": 3})
     assert list(summary) == ["empty/test", "fixture/test", "other/dev", "all"]

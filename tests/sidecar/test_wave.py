@@ -185,7 +185,7 @@ def _scripted_run(tok, answers_by_key, request):
     _, keys = wave_questions(request)
     end = tok.convert_tokens_to_ids("<|im_end|>")
 
-    def run(prefix, suffixes, complete=None, cancelled=None, not_null=None, rows_of=None, key=None):
+    def run(prefix, suffixes, complete=None, cancelled=None, not_null=None, rows_of=None, key=None, salt=None):
         assert len(suffixes) == len(keys)
         rows = [tok(answers_by_key.get(k, "null"), add_special_tokens=False)["input_ids"] + [end] for k in keys]
         return rows, {"prefill": 0.01, "decode": 0.02}

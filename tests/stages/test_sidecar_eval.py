@@ -50,7 +50,7 @@ def test_writes_summary_table_predictions_manifest_and_resumes(tmp_path, monkeyp
     assert all_["null_precision"] == 1.0 and all_["function_accuracy_multi"] == 1.0 and all_["requests_multi"] == 3
     out = tmp_path / "out"
     assert json.loads((out / "accuracy.json").read_text())["summary"]["fixture/test"]["requests"] == 4
-    assert (out / "accuracy.md").read_text().startswith("| benchmark |")
+    assert (out / "accuracy.md").read_text().split("\n\n")[1].startswith("| benchmark |")  # after the machine line
     assert "| miss |" in (out / "accuracy.md").read_text() and (out / "misses.jsonl").read_text() == ""  # all right
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stage"] == "sidecar_eval" and str(FIXTURES) in manifest["inputs"]
@@ -140,6 +140,9 @@ def test_runs_a_real_tiny_model(tmp_path):
     assert m["requests"] == 1 and m["mean_prompts"] == 5 and m["mean_latency_s"] > 0
     row = json.loads((tmp_path / "out" / "predictions.jsonl").read_text())
     assert len(row["answers"]) == 5 and row["timings"]["prefill"] > 0
+    assert 0 < row["timings"]["cpu_s"] and row["timings"]["others_cpu_s"] >= 0 and m["mean_cpu_s"] > 0
+    table = (tmp_path / "out" / "accuracy.md").read_text()
+    assert table.startswith("Machine: ") and "Busy waves: " in table and "| wave p95 |" in table
 
 
 def test_the_adapter_is_merged_as_in_the_runtime_unless_told_otherwise(monkeypatch):
