@@ -158,7 +158,7 @@ def predict(cfg: SidecarEvalConfig, requests: list[dict], preds_path: Path) -> d
         with tqdm(total=len(todo), desc="sidecar_eval", unit="req") as bar:
             for k in range(0, len(todo), step):
                 chunk = todo[k:k + step]
-                before = cpu_sample()
+                before = cpu_sample() if step == 1 else None
                 preds = wave.predict_many(chunk) if step > 1 else [wave.predict(chunk[0])]
                 if step == 1:  # one wave: its CPU seconds, and the CPU other processes used meanwhile
                     used = cpu_usage(before, cpu_sample())
@@ -200,7 +200,7 @@ def score(requests: list[dict], rows: dict[str, dict], labels: dict[str, dict],
             misses += [{"id": req["id"], "group": group, "source": ref["source"], **m}
                        for m in request_misses(req, pred, ref)]
         s.update(group=group, latency_s=row["timings"].get("total"), n_prompts=row["n_prompts"],
-                 cpu_s=row["timings"].get("cpu_s"), others_cpu_s=row["timings"].get("others_cpu_s"))
+                 cpu_s=row["timings"].get("cpu_s"))
         scores.append(s)
     return summarize(scores, skipped)
 
