@@ -54,6 +54,11 @@ DEFAULTS = {
     "threads": None,              # torch CPU threads (null: torch's default)
     "init_adapter": None,         # a finished adapter folder to continue from (its weights, rank, layers and
                                   # modules; fresh optimizer and schedule): another epoch with a new recipe
+    "init_grow": False,           # with init_adapter: the recipe's `lora:` may be larger (rank >=, modules and layers
+                                  # a superset, bias equal); the adapter's product B*A is copied into it unchanged
+                                  # (A's first rows, B's first columns rescaled by the alpha/r ratio), the new parts
+                                  # start as a fresh LoRA (B = 0): more capacity, the same function at step 0
+    "save_dtype": None,           # cast the saved adapter weights (e.g. bfloat16: half the bytes of float32)
     "overwrite": False,           # retrain a finished output whose recipe changed
 }
 SECTIONS = ("train", "sft", "lora")
@@ -97,6 +102,10 @@ def resolve(config: dict, where: str) -> dict:
     from ..sidecar.rows import QUESTION_STYLES
     if train["questions"] not in QUESTION_STYLES:
         raise InputError(f"{where}: train.questions={train['questions']!r}; expected one of {', '.join(QUESTION_STYLES)}")
+    if train["init_grow"] and not train["init_adapter"]:
+        raise InputError(f"{where}: train.init_grow=true needs train.init_adapter (the adapter to grow)")
+    if train["save_dtype"] not in (None, "float32", "bfloat16", "float16"):
+        raise InputError(f"{where}: train.save_dtype={train['save_dtype']!r}; expected float32, bfloat16 or float16")
     if train["init_adapter"]:
         check_init_adapter(train, lora, where)
     name = config.get("recipe_name", "default")
@@ -120,7 +129,9 @@ def check_init_adapter(train: dict, lora: dict, where: str) -> None:
     base = cfg.get("base_model_name_or_path")
     if base and Path(base).resolve() != Path(train["model"]).resolve() and base != train["model"]:
         raise InputError(f"{cfg_path}: adapter of base model {base!r}, but train.model is {train['model']!r}")
-    for key in INIT_LORA_KEYS:
+    if train["init_grow"]:
+        check_growth(lora, cfg, folder, where)
+    for key in INIT_LORA_KEYS if not train["init_grow"] else ():
         if key in lora and key in cfg:
             mine, theirs = lora[key], cfg[key]
             if isinstance(mine, (list, tuple, set)) and isinstance(theirs, (list, tuple, set)):
@@ -135,6 +146,74 @@ def check_init_adapter(train: dict, lora: dict, where: str) -> None:
             if key in made and made[key] != train[key]:
                 raise InputError(f"{where}: train.{key}={train[key]!r} but train.init_adapter {str(folder)!r} was "
                                  f"trained with {key}={made[key]!r} ({done})")
+
+
+def check_growth(lora: dict, cfg: dict, folder: Path, where: str) -> None:
+    """`train.init_grow`: the recipe's LoRA shape holds the adapter's (rank >=, modules and layers supersets, the
+    same bias, neither DoRA nor rsLoRA), so its weights fit inside the new ones."""
+    for key in ("r", "lora_alpha", "target_modules"):
+        if key not in lora:
+            raise InputError(f"{where}: train.init_grow needs lora.{key} (the grown adapter's shape)")
+    mods = lora["target_modules"]
+    mods = {mods} if isinstance(mods, str) else set(mods)
+    old_layers = cfg.get("layers_to_transform")
+    new_layers = lora.get("layers_to_transform")
+    if isinstance(old_layers, int):
+        old_layers = [old_layers]
+    if isinstance(new_layers, int):
+        new_layers = [new_layers]
+    problems = []
+    if int(lora["r"]) < int(cfg["r"]):
+        problems.append(f"lora.r={lora['r']} < the adapter's r={cfg['r']}")
+    if not set(cfg["target_modules"]) <= mods:
+        problems.append(f"lora.target_modules lacks {sorted(set(cfg['target_modules']) - mods)}")
+    if new_layers is not None and (old_layers is None or not set(old_layers) <= set(new_layers)):
+        problems.append(f"lora.layers_to_transform={new_layers} does not hold the adapter's {old_layers}")
+    if lora.get("bias", "none") != cfg.get("bias", "none"):
+        problems.append(f"lora.bias={lora.get('bias', 'none')!r} but the adapter has {cfg.get('bias')!r}")
+    for flag in ("use_dora", "use_rslora"):
+        if lora.get(flag) or cfg.get(flag):
+            problems.append(f"{flag} (a grown adapter keeps the plain alpha/r scale)")
+    if problems:
+        raise InputError(f"{where}: train.init_grow: the recipe's lora shape cannot hold train.init_adapter "
+                         f"{str(folder)!r}: {'; '.join(problems)}")
+
+
+def grow_into(model, folder: str | Path) -> dict:
+    """Copy a finished adapter into the (larger) fresh LoRA of `model` so that every product scale*B*A is the
+    adapter's: A's first r_old rows, B's first r_old columns times scale_old/scale_new; the rest keep their fresh
+    init (B = 0, so the new capacity starts silent). Returns counts for the log."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    cfg = read_json(folder / "adapter_config.json")
+    old_scale = cfg["lora_alpha"] / cfg["r"]
+    weights = load_file(folder / "adapter_model.safetensors")
+    params = dict(model.named_parameters())
+    copied, grown = 0, set()
+    with torch.no_grad():
+        for key, old in weights.items():
+            if not key.endswith((".lora_A.weight", ".lora_B.weight")):
+                raise InputError(f"{folder / 'adapter_model.safetensors'}: tensor {key!r} is not a LoRA A/B matrix; "
+                                 "train.init_grow copies plain LoRA adapters only")
+            name = key[:-len(".weight")] + ".default.weight"
+            if name not in params:
+                raise InputError(f"{folder / 'adapter_model.safetensors'}: tensor {key!r} has no place in the grown "
+                                 f"adapter (looked for {name!r})")
+            new = params[name]
+            r_old = old.shape[0] if ".lora_A." in key else old.shape[1]
+            module = model.get_submodule(key[:-len(".lora_A.weight")])
+            new_scale = module.scaling["default"]
+            if ".lora_A." in key:
+                new[:r_old, :].copy_(old.to(new.dtype))
+            else:
+                new[:, :r_old].copy_((old.float() * (old_scale / new_scale)).to(new.dtype))
+                new[:, r_old:].zero_()
+            copied += 1
+            grown.add(key.rsplit(".lora_", 1)[0])
+    fresh = {n.rsplit(".lora_", 1)[0] for n in params if ".lora_A." in n} - {g for g in grown}
+    return {"copied_tensors": copied, "grown_modules": len(grown), "fresh_modules": len(fresh)}
 
 
 def expand(patterns, key: str) -> list[Path]:
@@ -271,7 +350,14 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
     model = AutoModelForCausalLM.from_pretrained(train["model"], dtype=dtype,
                                                  attn_implementation=train["attn_implementation"])
     lora = LoraConfig(**{"task_type": "CAUSAL_LM", **lora_kw})
-    if train["init_adapter"]:  # continue a finished adapter: its weights and shape, a fresh optimizer and schedule
+    if train["init_adapter"] and train["init_grow"]:  # a larger LoRA holding the finished adapter's products
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora)
+        counts = grow_into(model, train["init_adapter"])
+        lora = None
+        print(f"grew the adapter {train['init_adapter']} into the recipe's LoRA: {counts}", file=sys.stderr)
+    elif train["init_adapter"]:  # continue a finished adapter: its weights and shape, a fresh optimizer and schedule
         from peft import PeftModel
 
         model, lora = PeftModel.from_pretrained(model, train["init_adapter"], is_trainable=True), None
@@ -289,6 +375,8 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
     final_tmp = out / ".final.partial"
     trainer.save_model(str(final_tmp))
     if trainer.is_world_process_zero():
+        if train["save_dtype"]:
+            cast_weights(final_tmp / "adapter_model.safetensors", train["save_dtype"])
         tokenizer.save_pretrained(str(final_tmp))
         for f in final_tmp.iterdir():
             os.replace(f, out / f.name)
@@ -310,6 +398,19 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
                                                                        if k != "log_history"}})
         seal(out)  # a release artifact: the manifest lists its files' sha256 (pipeline/artifacts.py)
     return out
+
+
+def cast_weights(path: Path, dtype: str) -> None:
+    """Rewrite a safetensors file with its floating tensors in `dtype` (train.save_dtype)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    target = getattr(torch, dtype)
+    cast = {k: (v.to(target) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
+    tmp = path.with_name(path.name + ".partial")
+    save_file(cast, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path)
 
 
 def _same_recipe(a: dict, b: dict) -> bool:

@@ -160,6 +160,48 @@ def test_continues_from_a_finished_adapter(model_dir, tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+def test_grows_an_adapter_into_a_larger_lora_with_the_same_products(model_dir, tmp_path):
+    """`train.init_grow`: a rank-4 adapter on two modules of layer 0 grows into rank 8 on every module and layer: at
+    learning rate 0 each of its products scale*B@A is unchanged (new alpha/r, so B is rescaled), the new modules and
+    ranks start silent (B = 0), the saved weights are bfloat16 with `train.save_dtype`, and a recipe whose shape
+    cannot hold the adapter is a clear error."""
+    from safetensors.torch import load_file
+
+    first = tmp_path / "first"
+    assert train.main(["--recipe", RECIPE, *overrides(model_dir, first, "lora.target_modules=[q_proj,v_proj]",
+                                                      "lora.layers_to_transform=[0]", "sft.max_steps=2",
+                                                      "sft.learning_rate=1e-2")]) == 0
+    small = load_file(first / "adapter_model.safetensors")
+    assert any(v.abs().max() > 0 for k, v in small.items() if "lora_B" in k)
+
+    def grow(out, *extra):
+        return ["--recipe", RECIPE, *overrides(model_dir, out, f"train.init_adapter={first}", "train.init_grow=true",
+                                               "lora.r=8", "lora.lora_alpha=8", "sft.learning_rate=0.0",
+                                               "sft.max_steps=2", *extra)]
+
+    grown_dir = tmp_path / "grown"
+    assert train.main(grow(grown_dir, "train.save_dtype=bfloat16")) == 0
+    grown = load_file(grown_dir / "adapter_model.safetensors")
+    assert {v.dtype for v in grown.values()} == {torch.bfloat16}
+    assert set(small) < set(grown)                      # every module of every layer now
+    assert read_json(grown_dir / "adapter_config.json")["r"] == 8
+    for key in (k for k in small if ".lora_A." in k):
+        b_key = key.replace(".lora_A.", ".lora_B.")
+        before = (8 / 4) * small[b_key].float() @ small[key].float()
+        after = (8 / 8) * grown[b_key].float() @ grown[key].float()
+        assert torch.allclose(after, before, rtol=2e-2, atol=1e-4), key   # bf16 rounding only
+        assert grown[b_key][:, 4:].abs().max() == 0                        # the new ranks start silent
+    assert all(v.abs().max() == 0 for k, v in grown.items() if "lora_B" in k and k not in small)
+
+    with pytest.raises(InputError, match=r"cannot hold .*lora.r=2 < the adapter's r=4"):
+        train.main(grow(tmp_path / "bad", "lora.r=2"))
+    with pytest.raises(InputError, match=r"cannot hold .*does not hold the adapter's \[0\]"):
+        train.main(grow(tmp_path / "bad", "lora.layers_to_transform=[1]"))
+    with pytest.raises(InputError, match=r"init_grow=true needs train.init_adapter"):
+        train.main(["--recipe", RECIPE, *overrides(model_dir, tmp_path / "bad", "train.init_grow=true")])
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.parametrize("key,match", [
     ("sft.learning_rat=1e-4", r"unknown key\(s\) \['learning_rat'\] in section 'sft'; expected one of .*'learning_rate'"),
     ("lora.rank=8", r"unknown key\(s\) \['rank'\] in section 'lora'; expected one of .*'lora_alpha'"),
