@@ -43,6 +43,8 @@ class ServeConfig:
     model_name: str | None = None        # the id clients send as `model` (default: the target folder's name)
     sidecar: dict = field(default_factory=dict)  # model, adapter, dtype, max_value_tokens, timeout_s, device
     call_format: str = "auto"            # how tool_choice required / named is forced: auto = the template's
+    chat_template_kwargs: dict = field(default_factory=dict)  # the target's template variables (e.g. Qwen3's
+                                         # {enable_thinking: false}); a request's body may set others over them
     queue_size: int = 8                  # requests waiting behind the running one; more are refused with 503
     max_tokens: int = 256                # default max_tokens of a request
     max_context: int | None = None       # prompt limit in tokens (default: the model's max_position_embeddings)
@@ -69,6 +71,11 @@ class ServeConfig:
             raise InputError(f"{where}: serve.target is required (a model folder)")
         cfg = cls(**sec)
         section({"sidecar": cfg.sidecar}, "sidecar", SIDECAR_KEYS, f"{where} serve")
+        from .protocol import TEMPLATE_RESERVED
+        kw = cfg.chat_template_kwargs
+        if not isinstance(kw, dict) or any(not isinstance(k, str) or k in TEMPLATE_RESERVED for k in kw):
+            raise InputError(f"{where}: serve.chat_template_kwargs={kw!r}; expected a mapping of template variables "
+                             f"(not {sorted(TEMPLATE_RESERVED)})")
         for key, value, allowed in (("method", cfg.method, SERVABLE), ("schedule", cfg.schedule, SCHEDULES),
                                     ("call_format", cfg.call_format, CALL_FORMATS)):
             if value not in allowed:
@@ -115,7 +122,7 @@ def build_engine(cfg: ServeConfig) -> Engine:
     sidecar, method = make_sidecar(cfg, schedule.sidecar_cores)
     t0 = time.perf_counter()
     target = Target.load(cfg.target, dtype=resolve_dtype(cfg.dtype, cfg.device), device=cfg.device, attn=cfg.attn,
-                         prefix_cache=cfg.prefix_cache)
+                         prefix_cache=cfg.prefix_cache, chat_template_kwargs=cfg.chat_template_kwargs)
     target.set_threads(schedule.threads(None))
     if cfg.tree_budget == "auto":
         curve = target.calibrate()

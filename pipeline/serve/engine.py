@@ -63,9 +63,10 @@ def forced_prefix(tokenizer, chat: Chat, call_format: str = "auto") -> str:
     return text[:at + 1] if chat.forced_name is None else text[:at + len(json.dumps(name, ensure_ascii=False))]
 
 
-def prompt_ids(target, request: dict, prefix: str = "") -> list[int]:
-    """The target's prompt: its chat template over the request (`render_prompt`), then the forced prefix."""
-    kwargs = getattr(target, "chat_template_kwargs", None)
+def prompt_ids(target, request: dict, prefix: str = "", template_kwargs: dict | None = None) -> list[int]:
+    """The target's prompt: its chat template over the request (`render_prompt`; the request's template variables
+    over the target's), then the forced prefix."""
+    kwargs = {**(getattr(target, "chat_template_kwargs", None) or {}), **(template_kwargs or {})}
     return encode(target.tokenizer, render_prompt(target.tokenizer, request, kwargs) + prefix)
 
 
@@ -73,11 +74,11 @@ class Prompted:
     """`target` as `generate` sees it for one request: the same model, cache and histories, the prompt with the
     forced prefix (`generate` reads the prompt through `target.prompt_ids`)."""
 
-    def __init__(self, target, prefix: str):
-        self._target, self._prefix = target, prefix
+    def __init__(self, target, prefix: str, template_kwargs: dict | None = None):
+        self._target, self._prefix, self._template_kwargs = target, prefix, template_kwargs
 
     def prompt_ids(self, request: dict) -> list[int]:
-        return prompt_ids(self._target, request, self._prefix)
+        return prompt_ids(self._target, request, self._prefix, self._template_kwargs)
 
     def __getattr__(self, name):
         return getattr(self._target, name)
@@ -221,7 +222,7 @@ class Engine:
         except ValueError as e:
             raise ApiError(500, f"tool_choice cannot be forced: {e}", kind="server_error") from None
         try:
-            n = len(prompt_ids(self.target, chat.request, prefix))
+            n = len(prompt_ids(self.target, chat.request, prefix, chat.chat_template_kwargs))
         except Exception as e:  # noqa: BLE001 - a template that rejects the conversation (role order, ...)
             raise bad(f"the chat template of {self.model_name} cannot render these messages: {e}",
                       param="messages") from None
@@ -282,7 +283,7 @@ class Engine:
 
         sidecar = self.sidecar if self.method == "ooo" else None
         request = dict(job.chat.request, cache_salt=self.cache_salt(job.chat))
-        return generate(Prompted(self.target, job.prefix), request, self.method, sidecar=sidecar,
+        return generate(Prompted(self.target, job.prefix, job.chat.chat_template_kwargs), request, self.method, sidecar=sidecar,
                         max_new_tokens=job.max_new_tokens, on_commit=on_commit, history=self.history_for(job.chat.tenant),
                         schedule=self.schedule, prefill_chunk=self.prefill_chunk)
 

@@ -59,6 +59,8 @@ class Chat:
     parallel_tool_calls: bool = True
     tenant: str = "anonymous"          # whose history drafts for this request: the API key's digest, else `user`
     cache_salt: str | None = None      # the body's `cache_salt` (vLLM's): its own partition of the prefix caches
+    chat_template_kwargs: dict | None = None  # the body's (vLLM's): variables of the target's chat template, over
+                                              # the recipe's (e.g. {"enable_thinking": false} for Qwen3)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -212,6 +214,29 @@ def tenant_of(api_key: str | None, user) -> str:
     return f"user:{user}" if user else "anonymous"
 
 
+# apply_chat_template's own arguments: a body may not set them through chat_template_kwargs (tokenize=true would
+# return ids, tools would replace the checked tools)
+TEMPLATE_RESERVED = frozenset({"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+                               "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+                               "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+def _template_kwargs(value) -> dict | None:
+    """The body's `chat_template_kwargs`: an object of at most 32 template variables (identifiers, not one of
+    apply_chat_template's own arguments) with JSON values."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > 32:
+        raise bad(f"chat_template_kwargs: expected an object of at most 32 template variables, got "
+                  f"{type(value).__name__}{f' of {len(value)}' if isinstance(value, dict) else ''}",
+                  param="chat_template_kwargs")
+    for key in value:
+        if not isinstance(key, str) or not key.isidentifier() or key in TEMPLATE_RESERVED:
+            raise bad(f"chat_template_kwargs: {key!r} is not a template variable a request may set (identifiers "
+                      f"other than {sorted(TEMPLATE_RESERVED)})", param="chat_template_kwargs")
+    return dict(value) or None
+
+
 def parse_chat(body: dict, served_model: str, api_key: str | None = None) -> Chat:
     """A checked `Chat`, or ApiError: 404 for another model, 400 naming the field for anything else."""
     model = body.get("model")
@@ -240,12 +265,13 @@ def parse_chat(body: dict, served_model: str, api_key: str | None = None) -> Cha
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt or len(salt) > 256):
         raise bad(f"cache_salt={salt!r}: expected a non-empty string of at most 256 characters", param="cache_salt")
+    template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
     request = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
                "messages": [_message(m, i) for i, m in enumerate(messages)],
                "tools": [] if choice == "none" else tools}
     return Chat(request, model, stream=stream, include_usage=bool(options.get("include_usage")),
                 max_tokens=max_tokens, tool_choice=choice, parallel_tool_calls=parallel is not False,
-                tenant=tenant_of(api_key, user), cache_salt=salt)
+                tenant=tenant_of(api_key, user), cache_salt=salt, chat_template_kwargs=template_kwargs)
 
 
 # --- responses ----------------------------------------------------------------------------------------------------

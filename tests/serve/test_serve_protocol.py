@@ -47,6 +47,8 @@ def test_request_becomes_canonical():
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "text"),
     ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
         "name": "f", "arguments": "{oops"}}]}]}, 400, "arguments is not valid JSON"),
+    ({"chat_template_kwargs": {"tokenize": True}}, 400, "'tokenize' is not a template variable"),
+    ({"chat_template_kwargs": ["enable_thinking"]}, 400, "chat_template_kwargs: expected an object"),
 ])
 def test_bad_requests_name_the_problem(body, status, needle):
     with pytest.raises(ApiError) as e:
@@ -81,6 +83,31 @@ def test_forced_prefix_ends_the_prompt(tiny):
     assert e.value.code == "context_length_exceeded"
 
 
+def test_chat_template_kwargs_reach_the_prompt(tiny):
+    """The recipe's template variables (`Target.chat_template_kwargs`) and a body's `chat_template_kwargs` over them
+    render the prompt the engine measures and the loop prefills."""
+    import copy
+
+    from pipeline.serve.engine import Prompted
+
+    target = tiny.target()
+    target.tokenizer = copy.deepcopy(target.tokenizer)
+    target.tokenizer.chat_template = ("{% if brief %}Answer briefly.\n{% endif %}{% for m in messages %}"
+                                      "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
+    engine = Engine(target, "ar", max_context=4096)
+    plain, brief = chat(), chat(chat_template_kwargs={"brief": True})
+    assert brief.chat_template_kwargs == {"brief": True} and plain.chat_template_kwargs is None
+    text = target.tokenizer.decode(Prompted(target, "", brief.chat_template_kwargs).prompt_ids(brief.request))
+    assert text.startswith("Answer briefly.") and "Answer" not in target.tokenizer.decode(
+        Prompted(target, "").prompt_ids(plain.request))
+    assert engine.prepare(brief).prompt_tokens > engine.prepare(plain).prompt_tokens
+    target.chat_template_kwargs = {"brief": True}   # the recipe's default; a body's False wins for its request
+    assert engine.prepare(plain).prompt_tokens == engine.prepare(brief).prompt_tokens
+    assert engine.prepare(chat(chat_template_kwargs={"brief": False})).prompt_tokens < engine.prepare(plain).prompt_tokens
+    with pytest.raises(InputError, match="serve.chat_template_kwargs"):
+        ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", ["serve.chat_template_kwargs={tokenize: true}"]))
+
+
 def test_recipes_load_and_reject_unknown_keys():
     for path in ("recipes/serve/tiny.yaml", "recipes/serve/qwen2.5-coder-1.5b-cpu.yaml"):
         cfg = ServeConfig.from_recipe(load_recipe(path), path)
@@ -101,7 +128,8 @@ def test_build_engine_stops_on_a_missing_sidecar_and_runs_without_an_adapter(tmp
     monkeypatch.setenv("OOO_COST_DIR", str(tmp_path / "cost"))
     threads = torch.get_num_threads()
     model = make_tiny_model_dir(tmp_path / "tiny")
-    base = [f"serve.target={model}", "serve.warmup=false", "serve.schedule=colocated"]
+    base = [f"serve.target={model}", "serve.warmup=false", "serve.schedule=colocated",
+            "serve.chat_template_kwargs={brief: true}"]
     # a missing sidecar model or adapter stops start-up, naming the folder and the command that builds it
     with pytest.raises(InputError, match=r"sidecar model folder .*missing not found: build it with `make models`"):
         build_engine(ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", base + [
@@ -114,6 +142,7 @@ def test_build_engine_stops_on_a_missing_sidecar_and_runs_without_an_adapter(tmp
     engine = build_engine(cfg)
     assert engine.method == "ooo" and engine.sidecar.factory_kwargs["adapter"] is None
     assert engine.model_name == "tiny" and engine.max_context == 1024
+    assert engine.target.chat_template_kwargs == {"brief": True}  # the recipe's template variables
     assert engine.sidecar.factory_kwargs["cores"] == available_cores()  # colocated: the same cores
     assert engine.schedule.name == "colocated" and engine.target.curve is not None  # tree budget calibrated
     engine.close()
