@@ -192,6 +192,7 @@ def resolve_sidecar_recipe(path: str | Path, recipe: dict | None = None) -> dict
             raise AssertionError(f"{path}: init_adapter {init} is missing, yet the recipe resolved")
         recipe = copy.deepcopy(recipe)
         recipe["train"]["init_adapter"] = None
+        recipe["train"].pop("init_grow", None)
     return train.resolve(recipe, str(path))
 
 
