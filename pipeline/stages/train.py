@@ -212,7 +212,7 @@ def grow_into(model, folder: str | Path) -> dict:
                 new[:, r_old:].zero_()
             copied += 1
             grown.add(key.rsplit(".lora_", 1)[0])
-    fresh = {n.rsplit(".lora_", 1)[0] for n in params if ".lora_A." in n} - {g for g in grown}
+    fresh = {n.rsplit(".lora_", 1)[0] for n in params if ".lora_A." in n} - grown
     return {"copied_tensors": copied, "grown_modules": len(grown), "fresh_modules": len(fresh)}
 
 
