@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tqdm import tqdm  # noqa: E402
 
-from pipeline.io import atomic_open  # noqa: E402
+from pipeline.io import atomic_open, iter_jsonl  # noqa: E402
 from pipeline.runtime.budget import CostCurve  # noqa: E402
 
 METHODS = ("toolspec", "ooo", "ooo-oracle")
@@ -36,13 +36,7 @@ METHODS = ("toolspec", "ooo", "ooo-oracle")
 def ar_rows(path: Path, target: str) -> list[dict]:
     """The `ar` rows of `target` in an eval run's rows.jsonl, in file order (one per request)."""
     rows, seen = [], set()
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except ValueError as e:
-            raise SystemExit(f"{path}:{n}: not JSON ({e})") from e
+    for _, r in iter_jsonl(path):  # a malformed line: InputError naming the file and line
         if r.get("method") == "ar" and r.get("target") == target and r["request_id"] not in seen:
             seen.add(r["request_id"])
             rows.append(r)
