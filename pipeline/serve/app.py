@@ -29,7 +29,8 @@ from starlette.routing import Route
 
 from .calls import CallStream, view
 from .engine import Engine, Job
-from .protocol import ApiError, Chat, chunk, completion, finish_reason, load_body, parse_chat, usage
+from .protocol import (MAX_BODY_BYTES, ApiError, Chat, chunk, completion, finish_reason, load_body, parse_chat,
+                       read_body, usage)
 
 log = logging.getLogger("pipeline.serve")
 
@@ -96,15 +97,18 @@ async def _stream(engine: Engine, job: Job, events: asyncio.Queue):
             job.cancelled = True  # the client went away: the worker stops at its next commit
 
 
-def create_app(engine: Engine) -> Starlette:
-    """The ASGI app over a (started) engine; the caller owns the engine and closes it."""
+def create_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
+    """The ASGI app over a (started) engine; the caller owns the engine and closes it. A request body past
+    `max_body_bytes` is refused with 413 (`protocol.read_body`)."""
+    if int(max_body_bytes) < 1:
+        raise ValueError(f"max_body_bytes={max_body_bytes!r}: expected a number of bytes >= 1")
     engine.start()
 
     async def chat_completions(request: Request):
         try:
             auth = request.headers.get("authorization", "")
             key = auth[7:].strip() if auth.lower().startswith("bearer ") else None
-            chat = parse_chat(load_body(await request.body()), engine.model_name, api_key=key)
+            chat = parse_chat(load_body(await read_body(request, max_body_bytes)), engine.model_name, api_key=key)
             job = await run_in_threadpool(engine.prepare, chat)
             events: asyncio.Queue = asyncio.Queue()
             engine.submit(job, asyncio.get_running_loop(), events)

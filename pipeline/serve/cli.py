@@ -28,6 +28,7 @@ from pipeline.recipes import load_recipe, section
 from pipeline.methods import METHOD_TABLE
 
 from .engine import CALL_FORMATS, Engine
+from .protocol import MAX_BODY_BYTES
 
 log = logging.getLogger("pipeline.serve")
 SERVABLE = tuple(m for m, spec in METHOD_TABLE.items() if not spec.upper_bound)  # an upper bound needs ar first
@@ -55,6 +56,7 @@ class ServeConfig:
     prefix_cache: bool = True            # reuse the KV cache of a shared prompt prefix across requests
     prefill_chunk: int | None = 256      # prefill in chunks: the adaptive schedule gives the core back mid-prefill
     request_timeout_s: float | None = 600.0  # a request still unanswered this long after its arrival ends with 504
+    max_body_bytes: int = MAX_BODY_BYTES  # 8 MiB; a larger body is refused with 413 before it is read in full
     shared_history: bool = False         # true: every tenant's calls draft for every other (a timing side channel)
     history_tenants: int = 64            # tenants whose history is kept (LRU); a tenant = API key, else `user`
     history_outputs: int = 256           # outputs kept per tenant history
@@ -76,6 +78,8 @@ class ServeConfig:
         if not isinstance(kw, dict) or any(not isinstance(k, str) or k in TEMPLATE_RESERVED for k in kw):
             raise InputError(f"{where}: serve.chat_template_kwargs={kw!r}; expected a mapping of template variables "
                              f"(not {sorted(TEMPLATE_RESERVED)})")
+        if not isinstance(cfg.max_body_bytes, int) or isinstance(cfg.max_body_bytes, bool) or cfg.max_body_bytes < 1:
+            raise InputError(f"{where}: serve.max_body_bytes={cfg.max_body_bytes!r}; expected a number of bytes >= 1")
         for key, value, allowed in (("method", cfg.method, SERVABLE), ("schedule", cfg.schedule, SCHEDULES),
                                     ("call_format", cfg.call_format, CALL_FORMATS)):
             if value not in allowed:
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = build_engine(cfg)
     try:
         log.info("serving %s on http://%s:%d/v1 (queue %d)", engine.model_name, cfg.host, cfg.port, cfg.queue_size)
-        uvicorn.run(create_app(engine), host=cfg.host, port=cfg.port, log_level=cfg.log_level)
+        uvicorn.run(create_app(engine, cfg.max_body_bytes), host=cfg.host, port=cfg.port, log_level=cfg.log_level)
     finally:
         engine.close()
 

@@ -81,6 +81,31 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> ApiE
     return ApiError(400, message, param, code)
 
 
+MAX_BODY_BYTES = 8 * 2**20  # a request body larger than this is refused with 413 before it is read in full
+
+
+async def read_body(request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request's body, read as it arrives; ApiError 413 as soon as it passes `limit` bytes (by its
+    Content-Length, or while a chunked upload streams in), so an oversized body is never held in memory."""
+    def too_large(size: str) -> ApiError:
+        return ApiError(413, f"request body is {size} bytes; this server accepts at most {limit} "
+                             "(serve.max_body_bytes)", code="request_too_large")
+
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise bad(f"Content-Length {declared!r} is not a number of bytes", code="invalid_request")
+        if int(declared) > limit:
+            raise too_large(declared.strip())
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_large(f"more than {limit}")
+        parts.append(part)
+    return b"".join(parts)
+
+
 def load_body(raw: bytes) -> dict:
     try:
         body = json.loads(raw)

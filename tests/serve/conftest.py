@@ -95,14 +95,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(engine):
-    """uvicorn with the app over `engine` in a thread on a free loopback port; yields the base URL (…/v1)."""
+def serving(engine, **app_kw):
+    """uvicorn with the app over `engine` (`create_app(engine, **app_kw)`) in a thread on a free loopback port; yields
+    the base URL (…/v1)."""
     import uvicorn
 
     from pipeline.serve import create_app
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, **app_kw), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 30

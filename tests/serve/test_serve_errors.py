@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -105,3 +107,30 @@ def test_still_serving_after_errors(server):
     assert health["status"] == "ok" and health["queue"]["waiting"] == 0 and health["served"] >= 1
     r = httpx.get(url + "/nowhere", timeout=10)
     assert r.status_code == 404 and "/v1/nowhere" in r.json()["error"]["message"]
+
+
+def test_oversized_body_is_413_before_it_is_read(tiny, serve):
+    """A body past `max_body_bytes` is refused with 413 by its Content-Length, and a chunked upload (no length) as
+    soon as it passes the limit; smaller bodies are answered as before, and the refusals are counted."""
+    limit = 2048
+    with serve(Engine(tiny.target(), "toolspec", model_name="tiny", max_tokens=4, max_context=256),
+               max_body_bytes=limit) as url:
+        big = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x" * 4000}]}).encode()
+        r = post_raw(url, big)
+        assert r.status_code == 413, r.text
+        err = r.json()["error"]
+        assert err["code"] == "request_too_large" and str(len(big)) in err["message"] and str(limit) in err["message"]
+
+        def chunked():  # a generator body: httpx sends it chunked, without a Content-Length
+            for at in range(0, len(big), 1000):
+                yield big[at:at + 1000]
+        r = httpx.post(f"{url}/chat/completions", content=chunked(), headers={"content-type": "application/json"},
+                       timeout=60)
+        assert r.status_code == 413 and f"more than {limit}" in r.json()["error"]["message"]
+
+        small = json.dumps({"model": "tiny", "messages": USER, "max_tokens": 2}).encode()
+        assert len(small) < limit
+        r = post_raw(url, small)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
+        metrics = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=60).text
+        assert 'ooo_requests_total{status="client_error"} 2.0' in metrics, metrics

@@ -116,6 +116,11 @@ def test_recipes_load_and_reject_unknown_keys():
         ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", ["serve.batch=4"]))
     with pytest.raises(InputError, match="method"):
         ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", ["serve.method=fast"]))
+    assert ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", ["serve.max_body_bytes=1024"])).max_body_bytes \
+        == 1024
+    for bad_size in ("0", "-5", "big", "true"):
+        with pytest.raises(InputError, match="serve.max_body_bytes"):
+            ServeConfig.from_recipe(load_recipe("recipes/serve/tiny.yaml", [f"serve.max_body_bytes={bad_size}"]))
 
 
 def test_build_engine_stops_on_a_missing_sidecar_and_runs_without_an_adapter(tmp_path, monkeypatch):
