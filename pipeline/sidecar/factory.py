@@ -11,7 +11,7 @@ from pathlib import Path
 
 FACTORY = "pipeline.sidecar.factory:make_wave"
 SIDECAR_KEYS = {"model", "adapter", "dtype", "max_value_tokens", "device", "timeout_s", "merge_adapter", "required_values",
-                "slot_tools", "prefix_cache"}
+                "slot_tools", "prefix_cache", "prepack"}
 
 
 def sidecar_kwargs(sc: dict, where: str = "sidecar") -> dict:
@@ -37,18 +37,21 @@ def sidecar_kwargs(sc: dict, where: str = "sidecar") -> dict:
     return {"model": str(model), "adapter": str(adapter) if adapter else None, "dtype": sc.get("dtype", "auto"),
             "max_value_tokens": sc.get("max_value_tokens"), "device": sc.get("device", "cpu"),
             "merge_adapter": bool(sc.get("merge_adapter", True)), "required_values": bool(sc.get("required_values", True)),
-            "slot_tools": sc.get("slot_tools"), "prefix_cache": int(sc.get("prefix_cache") or 0)}
+            "slot_tools": sc.get("slot_tools"), "prefix_cache": int(sc.get("prefix_cache") or 0),
+            "prepack": bool(sc.get("prepack", False))}
 
 
 def make_wave(model: str, adapter: str | None = None, dtype: str = "auto", cores: list[int] | None = None,
               max_value_tokens: int | None = None, device: str = "cpu", merge_adapter: bool = True,
-              required_values: bool = True, slot_tools: int | None = None, prefix_cache: int = 0):
+              required_values: bool = True, slot_tools: int | None = None, prefix_cache: int = 0,
+              prepack: bool = False):
     """Pin the worker, load the wave once, return `predict(request) -> payload`. The adapter is folded into the
     base weights unless `merge_adapter` is false (a recipe's `sidecar.merge_adapter`): the same answers up to
     rounding, without the adapter's extra work per projection. `required_values` (a recipe's
     `sidecar.required_values`, default true): a required parameter's answer cannot be `null`; `slot_tools` (null:
     every tool): a staged wave that decodes only the slots of the tools the function row ranks highest (`SlotWave`);
-    `prefix_cache` (tokens, 0: off): waves start from the longest prefix an earlier request shared (`SlotWave`)."""
+    `prefix_cache` (tokens, 0: off): waves start from the longest prefix an earlier request shared (`SlotWave`);
+    `prepack` (CPU only): the linear layers' weights reordered once for oneDNN (`wave.prepack_linears`)."""
     from ..hardware import pin, resolve_dtype
 
     if cores:
@@ -56,7 +59,7 @@ def make_wave(model: str, adapter: str | None = None, dtype: str = "auto", cores
     from .wave import SlotWave
 
     kw = {"dtype": resolve_dtype(dtype, device), "merge_adapter": merge_adapter, "required_values": required_values,
-          "slot_tools": slot_tools, "prefix_cache": prefix_cache}
+          "slot_tools": slot_tools, "prefix_cache": prefix_cache, "prepack": bool(prepack) and device == "cpu"}
     if max_value_tokens:
         kw["max_value_tokens"] = max_value_tokens
     wave = SlotWave(model, adapter, **kw)

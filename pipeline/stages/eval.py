@@ -164,8 +164,8 @@ def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None) -
     """True for a row of a sidecar method whose adapter is not the recipe's (by the weights' sha256), or unrecorded:
     its figures belong to another sidecar, so a resumed run measures it again; and for an adaptive row whose prefill
     chunk beside the wave (`wave_chunk`, None when unrecorded: rows before it prefilled whole chunks) is not `chunk`;
-    a wave revision, `required_values` (unrecorded: false), `slot_tools` or the wave's `prefix_cache` (unrecorded: 0)
-    other than the recipe's is redone too.
+    a wave revision, `required_values` (unrecorded: false), `slot_tools`, the wave's `prefix_cache` (unrecorded: 0) or
+    `prepack` (unrecorded: false) other than the recipe's is redone too.
     Rows of every other method stay."""
     if not uses_sidecar(row.get("method", "")) or ident is None:
         return False
@@ -176,7 +176,8 @@ def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None) -
             or made.get("merged", False) != ident.get("merged", False) or made.get("wave", 1) != ident.get("wave", 1)
             or made.get("required_values", False) != ident.get("required_values", False)
             or made.get("slot_tools") != ident.get("slot_tools")
-            or made.get("prefix_cache", 0) != ident.get("prefix_cache", 0))
+            or made.get("prefix_cache", 0) != ident.get("prefix_cache", 0)
+            or made.get("prepack", False) != ident.get("prepack", False))
 
 
 def target_methods(cfg: dict, tcfg: dict) -> list[str]:
@@ -201,7 +202,7 @@ def sidecar_identity(sc: dict) -> dict:
             "adapter_sha256": sha256_file(weights) if weights.is_file() else None,
             "merged": bool(adapter) and kw["merge_adapter"], "wave": WAVE_REVISION,
             "required_values": kw["required_values"], "slot_tools": kw["slot_tools"],
-            "prefix_cache": kw["prefix_cache"]}
+            "prefix_cache": kw["prefix_cache"], "prepack": kw["prepack"]}
 
 
 def git_commit(own: Path | None = None) -> str | None:

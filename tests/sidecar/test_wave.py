@@ -489,3 +489,28 @@ def test_a_wave_from_the_prefix_cache_answers_as_a_cold_wave(tiny_models, family
         assert warm.predict(dict(salted, id=salted["id"] + "-2")).token_counts["cached"] == len(prefix)
     with pytest.raises(ValueError, match="prefix_cache"):
         SlotWave(model, tokenizer=tok, prefix_cache=-1)
+
+
+def test_prepacked_linears_answer_as_the_plain_model():
+    """`prepack`: every linear of a float32 model (the output layer too) is swapped for a oneDNN-prepacked one whose
+    logits match the plain model's and whose wave gives the same tokens; float64 models are left as they are."""
+    from pipeline.sidecar.wave import prepack_linears
+
+    tok = make_tokenizer()
+    plain = spread(make_tiny_model("llama", tokenizer=tok, dtype=torch.float32)[0], 7)
+    packed = spread(make_tiny_model("llama", tokenizer=tok, dtype=torch.float32)[0], 7)
+    wave = SlotWave(packed, tokenizer=tok, max_value_tokens=CAP, prepack=True)
+    if wave.prepacked == 0:
+        pytest.skip("this torch has no oneDNN linear (torch.ops.mkldnn._linear_pointwise)")
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in plain.modules())
+    assert wave.prepacked == n_linear and not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    ids = torch.tensor([wave_inputs(tok, REQUESTS[0])[0]])
+    with torch.inference_mode():
+        assert torch.allclose(packed(input_ids=ids).logits, plain(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
+    reference = SlotWave(plain, tokenizer=tok, max_value_tokens=CAP)
+    for request in REQUESTS:
+        prefix, suffixes, _ = wave_inputs(tok, request)
+        rows = reference.run(prefix, suffixes)[0]
+        assert len({tuple(r) for r in rows}) > 1 and wave.run(prefix, suffixes)[0] == rows, request["id"]
+    exact = make_tiny_model("llama", tokenizer=tok, dtype=torch.float64)[0]
+    assert prepack_linears(exact) == 0 and any(isinstance(m, torch.nn.Linear) for m in exact.modules())
