@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HINT, SCHEMA, HISTORY, LOOKUP, EXTRA = 1, 2, 4, 8, 16  # draft source bits (a tree node may carry several)
+HINT, SCHEMA, HISTORY, LOOKUP, EXTRA, REALIGN = 1, 2, 4, 8, 16, 32  # draft source bits (a node may carry several)
+HINT_BITS = HINT | REALIGN  # the sidecar's hint: as aligned, and realigned where the output's value left it
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,9 @@ METHOD_TABLE: dict[str, Method] = {m.name: m for m in (
     Method("pld", ("lookup1",), description="prompt lookup: n-gram match over prompt + output"),
     Method("toolspec", ("schema", "history", "lookup"),
            description="ToolSpec: schema state machine + history of earlier calls + lookup"),
-    Method("ooo", ("hint", "schema", "history", "lookup"), sidecar=True,
+    Method("ooo", ("hint", "realign", "schema", "history", "lookup"), sidecar=True,
            description="toolspec + the sidecar's hint, aligned structurally"),
-    Method("ooo-oracle", ("hint", "schema", "history", "lookup"), upper_bound=True,
+    Method("ooo-oracle", ("hint", "realign", "schema", "history", "lookup"), upper_bound=True,
            description="ooo with the target's own ar call as an instantly ready hint: the ceiling of any sidecar"),
 )}
 METHODS = tuple(METHOD_TABLE)
@@ -70,4 +71,4 @@ def hint_outcome(error: str | None, ready_s: float | None, tokens: int | None) -
 
 
 __all__ = ["hint_outcome", "Method", "METHOD_TABLE", "METHODS", "PEERS", "ALL_METHODS", "variant", "upper_bound",
-           "HINT", "SCHEMA", "HISTORY", "LOOKUP", "EXTRA"]
+           "HINT", "SCHEMA", "HISTORY", "LOOKUP", "EXTRA", "REALIGN", "HINT_BITS"]

@@ -3,14 +3,15 @@
 Run as: python scripts/replay_hints.py --rows eval/results/cpu/rows.jsonl --target qwen2.5-coder-1.5b-instruct
             --tokenizer checkpoints/base/qwen2.5-coder-1.5b-instruct --curve <cost-curve JSON>
             --sidecar-model checkpoints/base/smollm2-135m-instruct --adapter checkpoints/sidecar/<recipe>
-            [--slot-tools 2] [--hints hints.json] [--out replay.json]
+            [--slot-tools 2] [--hints hints.json] [--out replay.json] [--draft-s 0.008]
 
 The `ar` rows of one target in an eval run are its greedy outputs; a `ReplayTarget` (pipeline/runtime/replay.py)
 verifies drafts against them as the real model would, so `toolspec`, `ooo` with the sidecar's payloads and
 `ooo-oracle` (the target's own call as the hint) give the forwards the eval would count, in milliseconds. With the
 target's measured cost curve (`~/.cache/ooo-spec/cost/<digest>.json`, written by `Target.calibrate()`), the tree
 budget chooses tree sizes as on that machine and the simulated decode seconds add up what each verified forward
-costs there. Requests are replayed in the rows' order, one target per method, so drafting statistics and
+costs there, with a fixed drafting time per round (`--draft-s`: the budget's choices then do not depend on how busy
+the machine is, so two replays compare exactly). Requests are replayed in the rows' order, one target per method, so drafting statistics and
 histories carry over as in the eval. Each request is put in one category by comparing the hint with the target's
 call: exact, the right tool with other values, another tool, no hint, or no call (a text answer). The sidecar's
 payloads are computed once (SlotWave, merged adapter, `--threads`) and kept in `--hints` for reruns.
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tqdm import tqdm  # noqa: E402
 
 from pipeline.io import atomic_open, iter_jsonl  # noqa: E402
-from pipeline.runtime.budget import CostCurve  # noqa: E402
+from pipeline.runtime.budget import CostCurve, TreeBudget  # noqa: E402
 
 METHODS = ("toolspec", "ooo", "ooo-oracle")
 
@@ -81,6 +82,9 @@ def main() -> None:
     ap.add_argument("--hints", type=Path, default=None, help="payloads by request id: read if it exists, else written")
     ap.add_argument("--requests-root", type=Path, default=Path("data/requests"))
     ap.add_argument("--out", type=Path, default=None, help="per-request results as JSON")
+    ap.add_argument("--draft-s", type=float, default=0.008,
+                    help="drafting seconds charged per drafted round (fixed, so two replays compare exactly; "
+                         "'-1' = the measured drafting time, which varies with the machine's load)")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -118,6 +122,7 @@ def main() -> None:
         per[rid] = {"category": category(hints.get(rid), own)}
     for method in METHODS:
         target = ReplayTarget(tok, outputs, curve=curve)
+        target.budgets[method] = TreeBudget(curve, draft_s=None if args.draft_s < 0 else args.draft_s)
         for r in tqdm(rows, desc=method, unit="req"):
             rid, before = r["request_id"], target.simulated_s
             hint = Ready(hints.get(rid)) if method == "ooo" else None

@@ -34,7 +34,7 @@ from pathlib import Path
 from .verify import Tree
 
 SIZES = (1, 2, 4, 8, 16, 32)
-PRIOR = {1: 0.7, 2: 0.6, 4: 0.4, 8: 0.4, 16: 0.5}  # source bit -> prior acceptance rate (HINT, SCHEMA, ...)
+PRIOR = {1: 0.7, 2: 0.6, 4: 0.4, 8: 0.4, 16: 0.5, 32: 0.4}  # source bit -> prior acceptance (HINT, SCHEMA, ...)
 PRIOR_WEIGHT = 4.0
 ALT_PRIOR_SHARE = 0.5  # an alternative's prior rate: this share of its source's first-child prior
 EXPLORE_EVERY = 8  # rounds: while only the root pays, verify the best node anyway now and then to keep learning
@@ -180,10 +180,12 @@ def subtree(tree: Tree, keep: list[int]) -> Tree:
 class TreeBudget:
     """Chooses each round's tree from the cost curve and the acceptance statistics (see the module docstring)."""
 
-    def __init__(self, curve: CostCurve, max_nodes: int = 32, acceptance: Acceptance | None = None):
+    def __init__(self, curve: CostCurve, max_nodes: int = 32, acceptance: Acceptance | None = None,
+                 draft_s: float | None = None):
         self.curve, self.max_nodes = curve, max_nodes
         self.acceptance = acceptance or Acceptance()
-        self.overhead_s = 0.0  # running mean of a round's drafting time
+        self.draft_s = draft_s  # a fixed drafting time per round instead of the measured one (deterministic replays)
+        self.overhead_s = 0.0 if draft_s is None else draft_s  # running mean of a round's drafting time
         self.rounds = 0
         self.skip = False      # the last drafted round did not pay for its own drafting: skip drafting for a while
 
@@ -221,6 +223,8 @@ class TreeBudget:
 
     def update(self, tree: Tree, path: list[int], draft_s: float) -> None:
         self.acceptance.update(tree, path)
+        if self.draft_s is not None:
+            return
         self.overhead_s = 0.9 * self.overhead_s + 0.1 * draft_s if self.rounds > 1 else draft_s
 
 

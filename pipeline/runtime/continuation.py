@@ -167,8 +167,10 @@ def _rest(w: Writer, v, frame: Frame, depth: int, at_root: bool, mode: str = "af
     return w.elements(v, frame.count, depth, mode)
 
 
-def continue_at(pos: JsonPos, skeleton, style: Style, limit: int = 8) -> list[tuple[str, bool]]:
-    """Up to `limit` (text, complete) continuations of the output at `pos` towards `skeleton`, in `style`."""
+def continue_at(pos: JsonPos, skeleton, style: Style, limit: int = 8, realign: bool = False) -> list[tuple[str, bool]]:
+    """Up to `limit` (text, complete) continuations of the output at `pos` towards `skeleton`, in `style`.
+    realign: only the continuations from inside a string argument value that has left the skeleton's (a known value,
+    the sidecar's): from where the two realign (`resync`), then the rest of the skeleton; nothing elsewhere."""
     if pos.state not in ("key", "in_key", "colon", "value", "in_value", "after") or not pos.stack:
         return []
     stack = pos.stack
@@ -179,7 +181,9 @@ def continue_at(pos: JsonPos, skeleton, style: Style, limit: int = 8) -> list[tu
         return []
     w, depth, top, v = Writer(style), len(stack) - 1, stack[-1], vals[-1]
     at_root = depth == 0
-    inner = _inner(w, pos, v, top, depth, at_root)
+    if realign and (at_root or pos.state != "in_value"):
+        return []
+    inner = _inner(w, pos, v, top, depth, at_root, realign)
     for i in range(depth - 1, -1, -1):
         inner = cat(inner, lambda i=i: _rest(w, vals[i], stack[i], i, i == 0))
     out = []
@@ -191,7 +195,7 @@ def continue_at(pos: JsonPos, skeleton, style: Style, limit: int = 8) -> list[tu
     return out
 
 
-def _inner(w: Writer, pos: JsonPos, v, top: Frame, depth: int, at_root: bool) -> Cands:
+def _inner(w: Writer, pos: JsonPos, v, top: Frame, depth: int, at_root: bool, realign: bool = False) -> Cands:
     st = pos.state
     if st == "after":
         return _rest(w, v, top, depth, at_root)
@@ -219,10 +223,32 @@ def _inner(w: Writer, pos: JsonPos, v, top: Frame, depth: int, at_root: bool) ->
         return cat(cat(iter([(":" + w.s.colon, True)]), lambda: w.value(item, depth + 1)), after)
     if st == "value":
         return cat(cat(iter([(w.s.colon if pos.last == ":" else "", True)]), lambda: w.value(item, depth + 1)), after)
+    if realign:  # in_value, where the output's string has left the known one: realign
+        if isinstance(item, str) and pos.partial[:1] == '"' and not _key(item).startswith(pos.partial):
+            return cat(resync(_key(item), pos.partial), after)
+        return iter(())
     known = cat(_strip(w.value(item, depth + 1), pos.partial), after)  # in_value
     if pos.partial[:1] != '"' and _scalar(pos.partial):
         return chain(known, after())  # a number or literal may end here (the hint's or not)
     return known
+
+
+RESYNC_MIN = 3  # characters of the output's string that must recur in the known one to realign there
+
+
+def resync(known: str, partial: str) -> Cands:
+    """Where the output's string (`partial`, from its opening quote) has left the known one (`known`, a JSON string
+    with its quotes): the rest of `known` after the longest recent stretch of the output it contains (at least
+    `RESYNC_MIN` characters: the output copied on after writing something else); where none recurs and the output
+    has written only a little of its own, the whole of `known`'s text (it put something before it: a leading `/`)."""
+    body, written = known[1:], partial[1:]
+    for n in range(min(len(written), len(body) - 1), RESYNC_MIN - 1, -1):
+        at = body.find(written[-n:], 0, len(body) - 1)
+        if at >= 0:
+            yield body[at + n:], True
+            return
+    if 0 < len(written) < RESYNC_MIN + 2:
+        yield body, True
 
 
 def _scalar(raw: str) -> bool:

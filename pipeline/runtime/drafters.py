@@ -7,6 +7,9 @@
 - `HistoryDrafter`: suffix match over earlier committed outputs of the same run (ToolSpec's retrieval).
 - `HintDrafter`: the sidecar's calls (the top tool's, then the one of whichever tool the output names), aligned with
   the output structurally (see continuation.py) and as whole-text renderings; polls the sidecar without blocking.
+- `RealignDrafter`: where the output's string value has left the hint's (`"/projects/..."` for the hint's
+  `"projects/..."`, `"expert"` for `"an expert"`), the hint's value from where the two meet again, then the rest of
+  the hint's call (`continuation.resync`); its own source bit, so the budget learns its (lower) acceptance apart.
 Every drafter only proposes; the target verifies, so no drafter can change the output.
 """
 
@@ -257,8 +260,33 @@ class HintDrafter:
         return cands
 
 
-def propose_structural(ctx: Context, skeletons: list, formats: list[CallFormat], max_cands: int) -> list[list[int]]:
-    """Continuations of the output towards each skeleton, from its JSON position, as token candidates."""
+class RealignDrafter:
+    """The hint's call realigned inside a string value the output wrote otherwise (see the module docstring): shares
+    the `HintDrafter`'s payload, proposes nothing anywhere else."""
+
+    def __init__(self, hint: HintDrafter | None = None, max_cands: int = 2):
+        self.hint, self.max_cands = hint, max_cands
+
+    def propose(self, ctx: Context) -> list[list[int]]:
+        hint = self.hint
+        if hint is None or not hint.calls or ctx.pos.state != "in_value":
+            return []
+        root = ctx.pos.stack[0] if ctx.pos.stack else None
+        named = root.values.get("name") if root is not None and root.kind == "{" else None
+        call = hint.calls.get(hint.top if named is None else named)
+        if call is None:
+            return []
+        return propose_structural(ctx, [call], self.formats, self.max_cands, realign=True)
+
+    @property
+    def formats(self) -> list[CallFormat]:
+        return self.hint.formats
+
+
+def propose_structural(ctx: Context, skeletons: list, formats: list[CallFormat], max_cands: int,
+                       realign: bool = False) -> list[list[int]]:
+    """Continuations of the output towards each skeleton, from its JSON position, as token candidates (realign:
+    see `continue_at`; for known values only)."""
     pos, texts = ctx.pos, []
     if pos.state == "start":
         for fmt, rest in openings(ctx.text, formats):
@@ -273,7 +301,7 @@ def propose_structural(ctx: Context, skeletons: list, formats: list[CallFormat],
         suffix = suffix_for(pos.prefix, formats)
         for style in pos.style.variants():
             for sk in skeletons:
-                texts += [(t + (suffix if done else ""), done) for t, done in continue_at(pos, sk, style)]
+                texts += [(t + (suffix if done else ""), done) for t, done in continue_at(pos, sk, style, realign=realign)]
     out: list[list[int]] = []
     for text, done in dict.fromkeys(texts):
         ids = ctx.encode(text, done) if text else ([ctx.eos] if done and ctx.eos is not None else [])
@@ -289,4 +317,5 @@ def continue_from_start(sk, fmt: CallFormat, limit: int = 8) -> list[tuple[str, 
 
 
 __all__ = ["Context", "NgramIndex", "PromptLookup", "History", "HistoryDrafter", "SchemaDrafter", "HintDrafter",
+           "RealignDrafter",
            "skeleton", "propose_structural", "call_formats"]

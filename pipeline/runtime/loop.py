@@ -13,14 +13,15 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from .drafters import Context, HintDrafter, History, HistoryDrafter, PromptLookup, SchemaDrafter
+from .drafters import Context, HintDrafter, History, HistoryDrafter, PromptLookup, RealignDrafter, SchemaDrafter
 from .hint import call_formats
 from .sidecar_client import Ready
 from .budget import TreeBudget
 from .target import Target
 from .verify import accept, best_chain, build_tree, truncate_at_stop
 from ..jsonscan import scan
-from ..methods import EXTRA, HINT, HISTORY, LOOKUP, METHOD_TABLE, METHODS, SCHEMA, Method  # noqa: F401 (re-exported)
+from ..methods import (EXTRA, HINT, HINT_BITS, HISTORY, LOOKUP, METHOD_TABLE, METHODS, REALIGN, SCHEMA,  # noqa: F401
+                       Method)
 from ..parsers import parse_calls
 from ..payload import payload_from_call
 
@@ -106,6 +107,7 @@ DRAFTERS = {
     "schema": (SCHEMA, lambda t, r, p, pend, arr, hist, val, fmts: SchemaDrafter(r, fmts)),
     "history": (HISTORY, lambda t, r, p, pend, arr, hist, val, fmts: HistoryDrafter(hist)),
     "hint": (HINT, lambda t, r, p, pend, arr, hist, val, fmts: HintDrafter(r, fmts, pend, arr, val)),
+    "realign": (REALIGN, lambda *_: RealignDrafter()),  # bound to the method's HintDrafter in `_drafters`
 }
 
 
@@ -113,8 +115,13 @@ def _drafters(target: Target, request: dict, method: str, prompt: list[int], pen
               history: History, validate: bool) -> list[tuple[object, int]]:
     keys = METHOD_TABLE[method].drafters
     formats = history.formats(call_formats(target.tokenizer)) if keys else []
-    return [(DRAFTERS[k][1](target, request, prompt, pending, arrived, history, validate, formats), DRAFTERS[k][0])
+    made = [(DRAFTERS[k][1](target, request, prompt, pending, arrived, history, validate, formats), DRAFTERS[k][0])
             for k in keys]
+    hint = next((d for d, _ in made if isinstance(d, HintDrafter)), None)
+    for d, _ in made:
+        if isinstance(d, RealignDrafter):
+            d.hint = hint
+    return made
 
 
 def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *, max_new_tokens: int = 256,
@@ -228,9 +235,10 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
             path, bonus = accept(tree, argmax)
             new, stopped = truncate_at_stop([tree.tokens[i] for i in path] + [bonus], target.stop_ids,
                                             max_new_tokens - len(output))
-            from_hint = sum(1 for i in path[:len(new)] if tree.sources[i] == HINT)  # no other drafter had it
+            # the hint's own tokens (aligned or realigned) that no other drafter proposed in this round
+            from_hint = sum(1 for i in path[:len(new)] if tree.sources[i] and not tree.sources[i] & ~HINT_BITS)
             stats.hint_tokens += from_hint
-            stats.hint_shared_tokens += sum(1 for i in path[:len(new)] if tree.sources[i] & HINT)
+            stats.hint_shared_tokens += sum(1 for i in path[:len(new)] if tree.sources[i] & HINT_BITS)
             if hint is not None and hint.other_tool:
                 stats.hint_other_tokens += from_hint
             stats.draft_tokens += min(len(path), len(new))

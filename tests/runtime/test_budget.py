@@ -463,3 +463,13 @@ def test_deferred_schedule_starts_the_wave_after_the_prefill_on_every_core(targe
     assert res.stats.payload_bytes and res.stats.hint_ready_s > 0  # the hint arrived (a random target ignores it)
     sched = Schedule("deferred", [0, 1])
     assert sched.sidecar_cores == [1] and sched.threads(None) == 2 and sched.chunk(2, 256) == 256
+
+
+def test_a_fixed_drafting_time_replaces_the_measured_one():
+    """Replays compare exactly only if the budget does not read the clock: `draft_s` fixes its drafting overhead."""
+    fixed, measured = TreeBudget(STEEP, draft_s=0.01), TreeBudget(STEEP)
+    tree = _tree()
+    for budget in (fixed, measured):
+        sub, _ = budget.choose(tree)
+        budget.update(sub, [], 0.5)
+    assert fixed.overhead_s == 0.01 and measured.overhead_s == 0.5

@@ -103,3 +103,34 @@ def test_history_is_bounded_and_keeps_the_newest_outputs():
     assert len(h.kept) <= 4
     assert h.index.lookup([109, 209], 2, 1) == [[309, 409]]   # the newest output is drafted
     assert h.index.lookup([100, 200], 2, 1) == []             # the oldest was dropped with its index entries
+
+
+def test_resync_meets_the_known_string_again_where_the_output_left_it():
+    from pipeline.runtime.continuation import resync
+
+    def texts(known, partial):
+        return [t for t, _ in resync(json.dumps(known), '"' + partial)]
+
+    assert texts("an expert", "exp") == ['ert"']  # the output left out the article, then copies on
+    assert texts("home/user/java/libs", "/usr/local/classes:/hom") == ['e/user/java/libs"']  # the longest recent stretch
+    assert texts("projects/app", "/") == ['projects/app"']  # a character of its own before the known text
+    assert texts("Dr. Kim", "Dr. Lee") == []  # nothing of the known string recurs: no guess
+    assert texts("abc", "xyzab") == []  # fewer than RESYNC_MIN characters in common, too long to be a prefix
+
+
+def test_realign_drafter_drafts_the_hint_only_where_the_output_left_its_value(tok, requests):
+    from pipeline.runtime.drafters import RealignDrafter
+
+    req = requests[0]
+    hint = HintDrafter(req, call_formats(tok), Ready({"tool_index": 0, "arguments": {"city": "Paris",
+                                                                                     "unit": "fahrenheit"}}), 0.0)
+    realign = RealignDrafter(hint)
+    head = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "'
+    off = _ctx(tok, head + "City of Par")
+    assert hint.propose(off) == []  # the aligned hint has nothing once the value left it
+    assert _texts(tok, realign.propose(off))[0] == 'is",\n    "unit": "fahrenheit"\n  }\n}\n```<|im_end|>'
+    on = _ctx(tok, head + "Pa")
+    assert realign.propose(on) == [] and _texts(tok, hint.propose(on))[0].startswith('ris"')
+    assert realign.propose(_ctx(tok, head[:-8] + '"ci')) == []  # a key, not a value
+    assert realign.propose(_ctx(tok, '```json\n{\n  "name": "get_w')) == []  # the root's name is the schema's
+    assert RealignDrafter(HintDrafter(req, call_formats(tok), None, 0.0)).propose(off) == []  # no payload

@@ -141,3 +141,33 @@ def test_partial_hint_without_a_required_slot_is_used_and_lossless(tok, requests
         ooo = generate(target, req, "ooo", sidecar=Ready(partial), max_new_tokens=20)
         assert ooo.token_ids == ar.token_ids and ooo.text == ar.text, family
         assert ooo.stats.hint_error is None and ooo.stats.hint_ready_s is not None, family
+
+
+def test_replay_realigns_a_hint_value_the_target_writes_otherwise(tok, requests, monkeypatch):
+    """The hint's value lacks the target's first words: the realigned hint drafts the rest of it once the output has
+    copied a few characters of it; without the realign drafter the hint gives nothing until the value ends."""
+    import dataclasses
+
+    from pipeline.methods import METHOD_TABLE
+    from pipeline.runtime import Ready, generate
+    from pipeline.runtime.drafters import History
+    from pipeline.runtime.replay import ReplayTarget
+
+    req = dict(requests[0], id="fixture/realign", tools=[{"type": "function", "function": {
+        "name": "send_email", "parameters": {"type": "object", "properties": {
+            "to": {"type": "string"}, "body": {"type": "string"}}, "required": ["to", "body"]}}}])
+    body = "our review is now on friday. could you send me the slides before then? thanks"
+    call = {"name": "send_email", "arguments": {"to": "ann lee", "body": "hi ann, " + body}}
+    hint = {"tool_index": 0, "arguments": {"to": "ann lee", "body": body}}
+    runs = {}
+    for name in ("realign", "aligned only"):
+        if name == "aligned only":
+            ooo = METHOD_TABLE["ooo"]
+            monkeypatch.setitem(METHOD_TABLE, "ooo", dataclasses.replace(
+                ooo, drafters=tuple(d for d in ooo.drafters if d != "realign")))
+        target = ReplayTarget(tok, {req["id"]: _fenced(call)})
+        runs[name] = generate(target, req, "ooo", sidecar=Ready(hint), max_new_tokens=300, history=History())
+        assert runs[name].token_ids == target.outputs[req["id"]], name
+    st, base = runs["realign"].stats, runs["aligned only"].stats
+    assert st.hint_tokens >= base.hint_tokens + 20, (st.hint_tokens, base.hint_tokens)
+    assert st.forwards <= base.forwards - 5, (st.forwards, base.forwards)
