@@ -184,12 +184,13 @@ class Runner:
                  sidecar: dict | None = None, peers: HFPeers | None = None, max_new_tokens: int = 256,
                  seed: int = 0, threads: int | None = None, sidecar_timeout_s: float = 60.0,
                  tree_budget: str = "auto", prefill_once: bool = True, prefill_chunk: int | None = None,
-                 wave_chunk: int = WAVE_CHUNK):
+                 wave_chunk: int = WAVE_CHUNK, layer_switch: bool = False):
         from .runtime.target import PrefillMemo
 
         self.target, self.run_name, self.max_new_tokens, self.seed = target, run, max_new_tokens, seed
         self.variants = variants(methods, schedules or ["adaptive"])
-        self.schedules = {s: Schedule.on(s, threads, wave_chunk=wave_chunk) for s in {s for _, s in self.variants}}
+        self.schedules = {s: Schedule.on(s, threads, wave_chunk=wave_chunk, layer_switch=layer_switch)
+                          for s in {s for _, s in self.variants}}
         self.peers, self.tree_budget, self.prefill_once = peers, tree_budget, prefill_once
         self.prefill_chunk = prefill_chunk
         if prefill_once:

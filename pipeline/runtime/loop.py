@@ -142,7 +142,8 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
       target's measured cost curve (`target.curve`, see budget.py; without a curve: the fixed size); "fixed" =
       always up to max_nodes.
     schedule: an object with `threads(pending) -> int` asked before prefill and at every round boundary (the adaptive
-      schedule: every core except while the sidecar's wave computes); None leaves the threads alone.
+      schedule: every core except while the sidecar's wave computes); None leaves the threads alone. A schedule with
+      `layer_switch` is also asked before every decoder layer of the prefill, where it may only raise the count.
     variant: the key of this run's history and acceptance statistics (default: the method); variants of one method
       (e.g. ooo under two schedules) must not see each other's outputs of the same request.
     reuse_prefill: take this request's earlier measured prefill on the same threads from `target.memo` (the eval's
@@ -184,10 +185,15 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     def next_chunk() -> int | None:  # the schedule shortens chunks while it holds a core for the wave
         return schedule.chunk(stats.threads[-1], prefill_chunk)
 
+    def give_back() -> None:  # before every decoder layer of a prefill forward: every core once the wave answers
+        if schedule.threads(pending) > stats.threads[-1]:
+            set_threads()
+
     chunk = next_chunk if schedule is not None and hasattr(schedule, "chunk") else prefill_chunk
     stats.prefill_s = target.prefill(prompt[:-1], key=request.get("id"), reuse=reuse_prefill, chunk=chunk,
                                      between=set_threads if schedule is not None else None,
-                                     salt=request.get("cache_salt"))
+                                     salt=request.get("cache_salt"),
+                                     inside=give_back if getattr(schedule, "layer_switch", False) else None)
     stats.cached_tokens = getattr(target, "cached_tokens", 0)
     done = getattr(target, "last_prefill", {})
     stats.prefill_reused, stats.prefill_cpu_s = bool(done.get("reused")), float(done.get("cpu_s") or 0.0)

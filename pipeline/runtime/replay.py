@@ -43,7 +43,7 @@ class ReplayTarget:
         pass
 
     def prefill(self, ids: list[int], key: str | None = None, reuse: bool = False, prefix_cache: bool = True,
-                chunk: int | None = None, between=None, salt: str | None = None) -> float:
+                chunk: int | None = None, between=None, salt: str | None = None, inside=None) -> float:
         self.done = 0
         self.last_prefill = {"seconds": 0.0, "cpu_s": 0.0, "reused": False, "spent": 0.0}
         return 0.0

@@ -54,6 +54,23 @@ def fill_cache(model, **inputs) -> None:
         body(**inputs, use_cache=True)
 
 
+@contextmanager
+def layer_hooks(model, call):
+    """Within it, `call()` runs before every decoder layer's forward (a pre-hook on each module of the decoder body's
+    `layers`); nothing where `call` is None or the model's layers cannot be named."""
+    body = decoder_body(model)
+    layers = getattr(body if body is not None else getattr(model, "model", None), "layers", None)
+    if call is None or not isinstance(layers, torch.nn.ModuleList):
+        yield
+        return
+    hooks = [layer.register_forward_pre_hook(lambda module, args: call()) for layer in layers]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def whole_forward(model, **inputs) -> None:
     """The whole model on `inputs`, one position's logits: how every prefill ran before `fill_cache`."""
     model(**inputs, use_cache=True, logits_to_keep=1)
@@ -229,7 +246,7 @@ class Target:
 
     @torch.inference_mode()
     def prefill(self, ids: list[int], key: str | None = None, reuse: bool = False, prefix_cache: bool = True,
-                chunk: int | None = None, between=None, salt: str | None = None) -> float:
+                chunk: int | None = None, between=None, salt: str | None = None, inside=None) -> float:
         """Start a new request: fill a fresh cache with `ids` (the prompt minus its last token), reusing the longest
         prefix the prefix cache holds (not one stored under the same `key`); returns the seconds it is charged.
 
@@ -240,7 +257,9 @@ class Target:
         chunk: feed the uncached prompt in chunks of this many tokens (None: one forward), or a callable asked for
           each chunk's size (after `between()`); `between()` is called before every chunk after the first (the
           adaptive schedule sets the thread count there, so the target gets every core back as soon as the wave
-          answers, mid-prefill). Chunked and whole prefill give the same cache."""
+          answers, mid-prefill). Chunked and whole prefill give the same cache.
+        inside: called before every decoder layer of every chunk's forward (`layer_hooks`): where the schedule gives
+          the target every core back between two layers of one forward, no chunk has to end first."""
         from transformers import DynamicCache
 
         t0, c0 = time.perf_counter(), time.process_time()
@@ -264,15 +283,16 @@ class Target:
         self.cached_tokens = done
         size = chunk if callable(chunk) else (lambda: chunk)
         start = done
-        while start < len(ids):
-            if between is not None and start > done:
-                between()
-            step = size()
-            end = min(start + max(int(step), 1), len(ids)) if step else len(ids)
-            x = torch.tensor([ids[start:end]], device=self.device)
-            pos = torch.arange(start, end, device=self.device)[None]
-            fill_cache(self.model, input_ids=x, position_ids=pos, cache=self.cache)
-            start = end
+        with layer_hooks(self.model, inside):
+            while start < len(ids):
+                if between is not None and start > done:
+                    between()
+                step = size()
+                end = min(start + max(int(step), 1), len(ids)) if step else len(ids)
+                x = torch.tensor([ids[start:end]], device=self.device)
+                pos = torch.arange(start, end, device=self.device)[None]
+                fill_cache(self.model, input_ids=x, position_ids=pos, cache=self.cache)
+                start = end
         if store is not None and ids:
             store.store(ids, key, self.cache, salt)
         seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0

@@ -55,6 +55,7 @@ class ServeConfig:
     tree_budget: str = "auto"            # auto: tree size per round from the measured cost curve; fixed: 32 nodes
     prefix_cache: bool = True            # reuse the KV cache of a shared prompt prefix across requests
     prefill_chunk: int | None = 256      # prefill in chunks: the adaptive schedule gives the core back mid-prefill
+    layer_switch: bool = False           # adaptive: the core comes back between two decoder layers, not chunks
     request_timeout_s: float | None = 600.0  # a request still unanswered this long after its arrival ends with 504
     max_body_bytes: int = MAX_BODY_BYTES  # 8 MiB; a larger body is refused with 413 before it is read in full
     shared_history: bool = False         # true: every tenant's calls draft for every other (a timing side channel)
@@ -122,7 +123,7 @@ def build_engine(cfg: ServeConfig) -> Engine:
     if not _exists(cfg.target):
         raise InputError(f"serve.target {cfg.target!r} not found: build it first (`make models` for the CPU "
                          "targets, `python -m pipeline.testing DIR` for a tiny random one)")
-    schedule = Schedule.on(cfg.schedule)
+    schedule = Schedule.on(cfg.schedule, layer_switch=cfg.layer_switch)
     sidecar, method = make_sidecar(cfg, schedule.sidecar_cores)
     t0 = time.perf_counter()
     target = Target.load(cfg.target, dtype=resolve_dtype(cfg.dtype, cfg.device), device=cfg.device, attn=cfg.attn,

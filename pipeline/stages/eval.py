@@ -34,12 +34,13 @@ from ..sidecar.factory import FACTORY, sidecar_kwargs
 
 KNOWN = {"run", "out", "requests_root", "split", "benchmarks", "targets", "methods", "sidecar", "assistant",
          "schedules", "max_new_tokens", "hf_pld_tokens", "threads", "sidecar_timeout_s", "warmup", "seed",
-         "prefix_cache", "tree_budget", "prefill_once", "drop_busy_rows", "prefill_chunk", "wave_chunk"}
+         "prefix_cache", "tree_budget", "prefill_once", "drop_busy_rows", "prefill_chunk", "wave_chunk",
+         "layer_switch"}
 DEFAULTS = {"out": "eval/results", "requests_root": "data/requests", "split": "test", "schedules": ["adaptive"],
             "max_new_tokens": 256, "hf_pld_tokens": 10, "threads": None, "sidecar_timeout_s": 60.0,
             "methods": list(ALL_METHODS), "sidecar": None, "assistant": None, "warmup": True, "seed": 0,
             "prefix_cache": True, "tree_budget": "auto", "prefill_once": True, "drop_busy_rows": True,
-            "prefill_chunk": None, "wave_chunk": WAVE_CHUNK}
+            "prefill_chunk": None, "wave_chunk": WAVE_CHUNK, "layer_switch": False}
 
 
 def round_robin(requests: dict[str, list[dict]]) -> list[tuple[str, dict]]:
@@ -91,11 +92,11 @@ def run(cfg: dict, recipe: dict) -> Path:
     requests = benchmark_requests(cfg)
     sc = cfg.get("sidecar") or None
     ident = sidecar_identity(sc) if sc and "ooo" in methods else None
-    chunk = wave_chunk(cfg)
+    chunk, switch = wave_chunk(cfg), bool(cfg["layer_switch"])
     # rows accumulate over sessions: a sidecar row made with another adapter (or an unrecorded one), or an adaptive
-    # row made with another prefill chunk beside the wave, is redone
+    # row made with another prefill chunk beside the wave or another layer switch, is redone
     writer = ResumableJsonl(run_dir / "rows.jsonl", key="key",
-                            redo=lambda row: stale_sidecar_row(row, ident, chunk))
+                            redo=lambda row: stale_sidecar_row(row, ident, chunk, switch))
     done = writer.rows()  # by key: a finished ar row is the oracle's hint
     inputs = [Path(cfg["requests_root"]) / b / f"{cfg['split']}.jsonl" for b in requests]
     old = run_dir / "manifest.json"  # rows accumulate over runs: keep the curves of targets measured before
@@ -129,7 +130,8 @@ def run(cfg: dict, recipe: dict) -> Path:
                             peers=peers, max_new_tokens=cfg["max_new_tokens"], seed=cfg["seed"],
                             threads=cfg["threads"], sidecar_timeout_s=cfg["sidecar_timeout_s"],
                             tree_budget=cfg["tree_budget"], prefill_once=cfg["prefill_once"],
-                            prefill_chunk=cfg["prefill_chunk"], wave_chunk=cfg["wave_chunk"])
+                            prefill_chunk=cfg["prefill_chunk"], wave_chunk=cfg["wave_chunk"],
+                            layer_switch=switch)
             try:
                 if cfg["warmup"]:
                     runner.warmup(todo[0][1])
@@ -141,6 +143,8 @@ def run(cfg: dict, recipe: dict) -> Path:
                         stamp = {"sidecar": ident} if uses_sidecar(row["method"]) else {}
                         if row.get("schedule") == "adaptive":
                             stamp["wave_chunk"] = chunk
+                            if switch:
+                                stamp["layer_switch"] = True
                         writer.write({**row, "machine": where, **stamp})
             finally:
                 runner.close()
@@ -156,20 +160,26 @@ def run(cfg: dict, recipe: dict) -> Path:
 
 
 def wave_chunk(cfg: dict) -> int | None:
-    """The longest prefill chunk of an adaptive row while the wave holds a core (None: prefill is not chunked)."""
-    return min(int(cfg["prefill_chunk"]), int(cfg["wave_chunk"])) if cfg.get("prefill_chunk") else None
+    """The longest prefill chunk of an adaptive row while the wave holds a core (None: prefill is not chunked; with
+    `layer_switch` the chunks stay whole: the core comes back between layers)."""
+    if not cfg.get("prefill_chunk"):
+        return None
+    return int(cfg["prefill_chunk"]) if cfg.get("layer_switch") else min(int(cfg["prefill_chunk"]),
+                                                                         int(cfg["wave_chunk"]))
 
 
-def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None) -> bool:
+def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None, layer_switch: bool = False) -> bool:
     """True for a row of a sidecar method whose adapter is not the recipe's (by the weights' sha256), or unrecorded:
     its figures belong to another sidecar, so a resumed run measures it again; and for an adaptive row whose prefill
-    chunk beside the wave (`wave_chunk`, None when unrecorded: rows before it prefilled whole chunks) is not `chunk`;
+    chunk beside the wave (`wave_chunk`, None when unrecorded: rows before it prefilled whole chunks) is not `chunk`
+    or whose `layer_switch` (unrecorded: false) is not the recipe's;
     a wave revision, `required_values` (unrecorded: false), `slot_tools`, the wave's `prefix_cache` (unrecorded: 0) or
     `prepack` (unrecorded: false) other than the recipe's is redone too.
     Rows of every other method stay."""
     if not uses_sidecar(row.get("method", "")) or ident is None:
         return False
-    if row.get("schedule") == "adaptive" and row.get("wave_chunk") != chunk:
+    if row.get("schedule") == "adaptive" and (row.get("wave_chunk") != chunk
+                                               or row.get("layer_switch", False) != layer_switch):
         return True
     made = row.get("sidecar") or {}
     return (made.get("adapter_sha256") != ident["adapter_sha256"] or made.get("model") != ident["model"]

@@ -395,6 +395,21 @@ def test_adaptive_schedule_gives_every_core_back_mid_prefill_and_sequential_wait
         assert sizes[:3] == [1, 1, 1] and 4 in sizes[3:n_prefill]
         assert Schedule("adaptive", [0, 1]).chunk(1, 256) == 64 and Schedule("adaptive", [0, 1]).chunk(2, 256) == 256
         assert Schedule("split", [0, 1]).chunk(1, 256) == 256 and Schedule("adaptive", [0, 1]).chunk(1, None) is None
+        # `layer_switch`: a prefill in one forward (no chunks) still gives the core back, between two of its layers
+        layers = []
+        hooks = [layer.register_forward_hook(lambda m, a, out: layers.append(torch.get_num_threads()))
+                 for layer in decoder_body(target.model).layers]
+        try:
+            whole = generate(target, req, "ooo", sidecar=AnswersAfter(2), max_new_tokens=12, prefill_chunk=None,
+                             schedule=Schedule("adaptive", [0, 1], layer_switch=True))
+        finally:
+            for h in hooks:
+                h.remove()
+        n_layers = len(decoder_body(target.model).layers)
+        assert whole.token_ids == ar.token_ids and n_layers == 2
+        assert layers[:n_layers] == [1, 2]  # threads after each layer ran: n-1 for the first, n for the second
+        assert whole.stats.threads[:2] == [1, 2]  # before the prefill, then the switch inside it (recorded once)
+        assert Schedule("adaptive", [0, 1], layer_switch=True).chunk(1, 256) == 256  # chunks stay whole
         seq = generate(target, req, "ooo", sidecar=AnswersAfter(3), schedule=Schedule("sequential", [0, 1]),
                        max_new_tokens=12)
         assert seq.token_ids == ar.token_ids and set(seq.stats.threads) == {2}
