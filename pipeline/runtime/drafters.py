@@ -238,16 +238,19 @@ class HintDrafter:
             self.error = why
             log.warning("sidecar payload ignored for %s: %s", self.request.get("id"), why)
 
+    def call_for(self, pos: JsonPos) -> tuple[str | None, dict | None]:
+        """(tool name, the payload's call of it) for the output at `pos`: the tool its JSON names, else the top one."""
+        root = pos.stack[0] if pos.stack else None
+        named = root.values.get("name") if root is not None and root.kind == "{" else None
+        name = self.top if named is None else named
+        return name, self.calls.get(name)
+
     def propose(self, ctx: Context) -> list[list[int]]:
         self.poll()
         self.other_tool = False
         if not self.calls:
             return []
-        pos = ctx.pos
-        root = pos.stack[0] if pos.stack else None
-        named = root.values.get("name") if root is not None and root.kind == "{" else None
-        name = self.top if named is None else named
-        call = self.calls.get(name)
+        name, call = self.call_for(ctx.pos)
         if call is None:
             return []  # the target chose a tool the payload has no draft for
         self.other_tool = name != self.top
@@ -271,9 +274,7 @@ class RealignDrafter:
         hint = self.hint
         if hint is None or not hint.calls or ctx.pos.state != "in_value":
             return []
-        root = ctx.pos.stack[0] if ctx.pos.stack else None
-        named = root.values.get("name") if root is not None and root.kind == "{" else None
-        call = hint.calls.get(hint.top if named is None else named)
+        call = hint.call_for(ctx.pos)[1]
         if call is None:
             return []
         return propose_structural(ctx, [call], self.formats, self.max_cands, realign=True)
