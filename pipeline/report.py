@@ -219,6 +219,46 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
     out["cells_per_variant"] = {v: len(x) for v, x in per_variant.items()}
     out["upper_bounds"] = {v: round(statistics.fmean(x), 3) for v, x in per_bound.items()}
     out["per_target"] = per_target_means(out["cells"])
+    out["claim"] = claim(out["cells"], out["per_target"])
+    return out
+
+
+def verdict(ratio: dict | None) -> str | None:
+    """"faster" / "slower" where the ratio's 95% interval lies wholly above / below 1, "level" where it holds 1."""
+    if not ratio:
+        return None
+    lo, hi = ratio["ci"]
+    return "faster" if lo > 1 else "slower" if hi < 1 else "level"
+
+
+def claim(cells: list[dict], per_target: dict) -> dict:
+    """The product's claim, judged cell by cell for every `ooo` schedule: faster than `toolspec` end to end, never
+    slower than `ar`, the same output. target -> variant -> {"cells": benchmark -> verdicts, "vs_toolspec" /
+    "vs_ar": counts of faster / level / slower cells, "slower_than_toolspec" / "slower_than_ar": the cells whose
+    interval lies below 1, "mean_vs_toolspec_e2e", "identical_to_ar"}; "best" per target: the variant with the highest
+    mean end-to-end ratio against `toolspec` over its benchmarks."""
+    out: dict[str, dict] = {}
+    for cell in cells:
+        for v, m in cell["methods"].items():
+            if v.split("@")[0] != "ooo" or "vs_toolspec_e2e" not in m:
+                continue
+            c = out.setdefault(cell["target"], {}).setdefault(v, {"cells": {}})
+            c["cells"][cell["benchmark"]] = {"vs_toolspec_e2e": m["vs_toolspec_e2e"],
+                                             "vs_toolspec": verdict(m["vs_toolspec_e2e"]),
+                                             "vs_ar_e2e": m.get("e2e_all"), "vs_ar": verdict(m.get("e2e_all")),
+                                             "identical_to_ar": m.get("identical_to_ar")}
+    for target, by_v in out.items():
+        for v, c in by_v.items():
+            for peer in ("toolspec", "ar"):
+                said = [x[f"vs_{peer}"] for x in c["cells"].values() if x[f"vs_{peer}"]]
+                c[f"vs_{peer}"] = {k: said.count(k) for k in ("faster", "level", "slower")}
+                c[f"slower_than_{peer}"] = sorted(b for b, x in c["cells"].items() if x[f"vs_{peer}"] == "slower")
+            means = per_target.get(target, {}).get(v, {})
+            c["mean_vs_toolspec_e2e"] = means.get("vs_toolspec_e2e")
+            c["identical_to_ar"] = means.get("identical_to_ar")
+        ranked = [v for v in by_v if by_v[v]["mean_vs_toolspec_e2e"] is not None]
+        by_v_best = max(ranked, key=lambda v: by_v[v]["mean_vs_toolspec_e2e"]) if ranked else None
+        out[target] = {"variants": by_v, "best": by_v_best}
     return out
 
 
@@ -281,6 +321,7 @@ def to_markdown(summary: dict, title: str = "") -> str:
         if summary.get("with_busy_rows"):
             lines += ["Mean end to end over cells with the busy rows kept: " + ", ".join(
                 f"{v} {x:.2f}x" for v, x in sorted(summary["with_busy_rows"]["mean_over_cells"].items())) + ".", ""]
+    lines += claim_markdown(summary.get("claim") or {})
     lines += [PREFILL_RULE, "",
               "Ratios are summed `ar` wall time / summed method wall time on the same requests (95% bootstrap "
               "interval). Baselines run on every core; `ooo@<schedule>` names the schedule. Upper bounds are marked "
@@ -374,6 +415,32 @@ def to_markdown(summary: dict, title: str = "") -> str:
             items = ", ".join(f"{d['request_id']} @ {d['first_token']}" for d in diffs[:10])
             lines.append(f"- {target} / {bench} / {v}: {len(diffs)} request(s): {items}")
     return "\n".join(lines) + "\n"
+
+
+def claim_markdown(judged: dict) -> list[str]:
+    """The claim section of the report (`claim`): one line per target and `ooo` schedule."""
+    if not judged:
+        return []
+    fmt = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
+    counts = lambda c: f"{c['faster']} / {c['level']} / {c['slower']}"  # noqa: E731
+    lines = ["## The claim, cell by cell", "",
+             "`ooo` against `toolspec` and `ar` end to end, per benchmark: a cell is *faster* or *slower* only where "
+             "its 95% interval lies wholly above or below 1, else *level*. The claim: faster than `toolspec`, "
+             "never slower than `ar`, the same output as `ar` (in bf16 up to near-ties between two tokens: the last "
+             "section lists the outputs that differ). (best): the schedule with the highest mean against `toolspec`.",
+             "",
+             "| target | variant | mean vs toolspec, end to end | vs toolspec: faster / level / slower cells | "
+             "slower than toolspec | vs ar: faster / level / slower cells | slower than ar | identical to ar |",
+             "|" + "---|" * 8]
+    for target, t in judged.items():
+        for v in _sorted_methods(t["variants"]):
+            c = t["variants"][v]
+            name = f"**{v}** (best)" if v == t["best"] else v
+            lines.append(f"| {target} | {name} | {fmt(c['mean_vs_toolspec_e2e'], '{:.2f}x')} | "
+                         f"{counts(c['vs_toolspec'])} | {', '.join(c['slower_than_toolspec']) or 'none'} | "
+                         f"{counts(c['vs_ar'])} | {', '.join(c['slower_than_ar']) or 'none'} | "
+                         f"{fmt(c['identical_to_ar'], '{:.0%}')} |")
+    return lines + [""]
 
 
 def to_csv(summary: dict) -> str:

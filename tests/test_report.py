@@ -98,6 +98,40 @@ def test_per_target_means_are_over_that_targets_benchmarks_only():
     assert "## Mean over benchmarks, per target" in md and "| u | ooo | 1 | 0.67x |" in md
 
 
+def test_the_claim_is_judged_cell_by_cell_by_each_interval():
+    def at(bench, method, rid, wall, variant=None, digest=None):
+        r = row(method, rid, wall, wall / 2, 20, 10, digest or rid, variant=variant or method)
+        return {**r, "key": f"t|{bench}|{rid}|{r['variant']}", "benchmark": bench}
+
+    rows = []
+    for bench, adaptive, deferred, sequential in (("b1", [4, 4, 4], [4, 6, 5], [12, 12, 12]),
+                                                  ("b2", [6, 6, 6], [4.5, 4.5, 4.5], [4, 4, 4])):
+        for i, rid in enumerate(("r1", "r2", "r3")):
+            rows += [at(bench, "ar", rid, 10.0), at(bench, "toolspec", rid, 5.0),
+                     at(bench, "ooo", rid, adaptive[i], "ooo@adaptive"),
+                     at(bench, "ooo", rid, deferred[i], "ooo@deferred"),
+                     at(bench, "ooo", rid, sequential[i], "ooo@sequential", digest="x" if rid == "r1" else None),
+                     at(bench, "ooo-oracle", rid, 2.0)]
+    judged = summarize(rows, n_boot=300)["claim"]["t"]
+    adaptive, deferred, sequential = (judged["variants"][v] for v in ("ooo@adaptive", "ooo@deferred", "ooo@sequential"))
+    assert "ooo-oracle" not in judged["variants"]  # an upper bound is not judged
+    assert adaptive["cells"]["b1"]["vs_toolspec"] == "faster" and adaptive["cells"]["b2"]["vs_toolspec"] == "slower"
+    assert adaptive["vs_toolspec"] == {"faster": 1, "level": 0, "slower": 1} and adaptive["slower_than_toolspec"] == ["b2"]
+    assert adaptive["vs_ar"] == {"faster": 2, "level": 0, "slower": 0} and adaptive["slower_than_ar"] == []
+    assert deferred["cells"]["b1"]["vs_toolspec"] == "level"  # 1.25x, 0.83x, 1.0x: the interval holds 1
+    assert deferred["vs_toolspec"] == {"faster": 1, "level": 1, "slower": 0}
+    assert sequential["slower_than_ar"] == ["b1"] and sequential["identical_to_ar"] == pytest.approx(2 / 3, abs=1e-3)
+    # means over the benchmarks vs toolspec: adaptive (1.25 + 0.83) / 2, deferred (1.0 + 1.11) / 2: deferred is best
+    assert adaptive["mean_vs_toolspec_e2e"] == pytest.approx((5 / 4 + 5 / 6) / 2, abs=1e-3)
+    assert judged["best"] == "ooo@deferred"
+    md = to_markdown(summarize(rows, n_boot=300))
+    assert "## The claim, cell by cell" in md
+    line = {ln.split(" | ")[1]: ln for ln in md.splitlines() if ln.startswith("| t | ") and ln.count(" | ") == 7}
+    assert line["**ooo@deferred** (best)"].endswith("| 1 / 1 / 0 | none | 2 / 0 / 0 | none | 100% |")
+    assert line["ooo@adaptive"] == "| t | ooo@adaptive | 1.04x | 1 / 0 / 1 | b2 | 2 / 0 / 0 | none | 100% |"
+    assert line["ooo@sequential"].endswith("| 1 / 0 / 1 | b1 | 1 / 0 / 1 | b1 | 67% |")
+
+
 def test_bootstrap_interval_brackets_ratio():
     lo, hi = bootstrap_ratio([1, 2, 3, 4], [1, 1, 1, 1], n=500)
     assert lo <= 2.5 <= hi and lo < hi
