@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -42,6 +43,9 @@ DEFAULTS = {
                                   # allowed) or `gold` (rows from each request's first gold call); per request, the
                                   # first source with rows wins
     "max_requests": None,         # keep only the first N requests (smoke runs, profiling)
+    "slice": None,                # [k, n]: only the requests whose id hashes to k mod n (k < n), a disjoint k-th of
+                                  # n: an epoch trained in n session-sized runs, each continuing the last
+                                  # (`init_adapter`); null: every request
     "compact": True,              # compact tool block in the prefix (one line per tool/param); false: full JSON
     "questions": "long",          # how a row asks its question (pipeline.sidecar.rows.QUESTION_STYLES): long | short;
                                   # the wave asks as the adapter was trained (its recipe.yaml)
@@ -71,8 +75,10 @@ def _fields(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls) if f.init}
 
 
-def resolve(config: dict, where: str) -> dict:
-    """Check every key against its dataclass and fill the stage defaults; returns the resolved recipe."""
+def resolve(config: dict, where: str, check_init: bool = True) -> dict:
+    """Check every key against its dataclass and fill the stage defaults; returns the resolved recipe.
+    `check_init` false leaves `train.init_adapter` unchecked (`main` checks it only when it is about to train: a
+    finished adapter is kept though the one it continued has left the tree)."""
     from peft import LoraConfig
     from trl import SFTConfig
 
@@ -102,11 +108,17 @@ def resolve(config: dict, where: str) -> dict:
     from ..sidecar.rows import QUESTION_STYLES
     if train["questions"] not in QUESTION_STYLES:
         raise InputError(f"{where}: train.questions={train['questions']!r}; expected one of {', '.join(QUESTION_STYLES)}")
+    if train["slice"] is not None:
+        sl = train["slice"]
+        if not (isinstance(sl, list) and len(sl) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in sl)
+                and 0 <= sl[0] < sl[1]):
+            raise InputError(f"{where}: train.slice={sl!r}; expected [k, n] with integers 0 <= k < n (the k-th of n "
+                             "disjoint parts of the requests)")
     if train["init_grow"] and not train["init_adapter"]:
         raise InputError(f"{where}: train.init_grow=true needs train.init_adapter (the adapter to grow)")
     if train["save_dtype"] not in (None, "float32", "bfloat16", "float16"):
         raise InputError(f"{where}: train.save_dtype={train['save_dtype']!r}; expected float32, bfloat16 or float16")
-    if train["init_adapter"]:
+    if train["init_adapter"] and check_init:
         check_init_adapter(train, lora, where)
     name = config.get("recipe_name", "default")
     sft.setdefault("output_dir", f"checkpoints/sidecar/{name}")
@@ -242,6 +254,9 @@ def load_rows(train: dict) -> tuple[dict, list[tuple[str, dict]], list[Path], di
             if req.get("id") in requests:
                 raise InputError(f"{path}:{line} (record {req.get('id')}): duplicate request id")
             requests[req.get("id")] = req
+    if train.get("slice") is not None:
+        k, n = train["slice"]
+        requests = {rid: req for rid, req in requests.items() if slice_of(rid, n) == k}
     skipped = {"no_gold": 0, "gold_errors": 0, "gold_not_offered": 0}
     rows: list[tuple[str, dict]] = []
     row_files: list[Path] = []
@@ -269,7 +284,8 @@ def load_rows(train: dict) -> tuple[dict, list[tuple[str, dict]], list[Path], di
             for path in expand([source], "rows"):
                 row_files.append(path)
                 found += [(f"{path}:{line}", row) for line, row in iter_jsonl(path)
-                          if row.get("request_id") not in won]
+                          if row.get("request_id") not in won
+                          and (train.get("slice") is None or row.get("request_id") in requests)]
         got = {row.get("request_id") for _, row in found}
         sources[str(source)] = {"requests": len(got), "rows": len(found)}
         won |= got
@@ -279,6 +295,12 @@ def load_rows(train: dict) -> tuple[dict, list[tuple[str, dict]], list[Path], di
         keep = set(keep)
         rows = [(loc, row) for loc, row in rows if row.get("request_id") in keep]
     return requests, rows, req_files + row_files, skipped, sources
+
+
+def slice_of(request_id: str, n: int) -> int:
+    """Which of `n` disjoint parts a request belongs to (`train.slice`): a stable hash of its id, the same on every
+    machine and run."""
+    return int(hashlib.sha256(str(request_id).encode()).hexdigest()[:8], 16) % n
 
 
 def last_checkpoint(out: Path) -> Path | None:
@@ -433,12 +455,16 @@ def init_weights(train: dict) -> list[Path]:
 
 
 def changed_inputs(manifest: dict, train: dict) -> list[str]:
-    """Input files whose sha256 differs from the finished adapter's manifest (or that were added or removed)."""
+    """Input files whose sha256 differs from the finished adapter's manifest (or that were added or removed). The
+    weights of `train.init_adapter` are not compared once that folder is gone (a committed adapter whose predecessor
+    left the tree: its manifest keeps the sha256 it started from)."""
     from ..io import sha256_file
 
     before = manifest.get("inputs") or {}
-    now = {str(p): sha256_file(p) for p in input_files(train)}
-    return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+    files = input_files(train)
+    gone = {str(p) for p in init_weights(train) if not p.is_file()}
+    now = {str(p): sha256_file(p) for p in files if str(p) not in gone}
+    return sorted(k for k in set(before) | set(now) if k not in gone and before.get(k) != now.get(k))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recipe", default=DEFAULT_RECIPE)
     ap.add_argument("overrides", nargs="*", help="section.key=value, e.g. sft.learning_rate=2e-4 train.null_keep=0.3")
     a = ap.parse_args(argv)
-    resolved = resolve(load_recipe(a.recipe, a.overrides), a.recipe or "recipe")
+    where = a.recipe or "recipe"
+    resolved = resolve(load_recipe(a.recipe, a.overrides), where, check_init=False)
     out = Path(resolved["sft"]["output_dir"])
     manifest = out / "manifest.json"
     if manifest.is_file():
@@ -460,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
             why = "a different recipe" if not same else f"other inputs ({', '.join(changed[:3])} changed)"
             raise InputError(f"{out}: holds an adapter trained with {why}; pass train.overwrite=true "
                              "to retrain it, or choose another sft.output_dir")
+    if resolved["train"]["init_adapter"]:
+        check_init_adapter(resolved["train"], resolved["lora"], where)
+    if manifest.is_file():
         shutil.rmtree(out, ignore_errors=True)
     print(run(resolved, a.recipe))
     return 0

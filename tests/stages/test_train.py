@@ -123,10 +123,33 @@ def test_row_sources_first_wins_per_request_and_inputs_decide_a_rerun(model_dir,
         train.main(args)
 
 
-def test_continues_from_a_finished_adapter(model_dir, tmp_path):
+def test_slices_split_the_requests_into_disjoint_parts(model_dir, tmp_path):
+    """`train.slice: [k, n]`: the k-th of n disjoint parts of the requests (label rows and gold alike), together all of
+    them, the same part on every run; a bad slice is a clear error."""
+    reqs = read_jsonl(FIXTURES)
+    write_jsonl(tmp_path / "target.jsonl", build_rows(reqs[0], label_from_call(reqs[0], reqs[0]["gold"][0])))
+    rows_of = {}
+    for k in (0, 1, 2):
+        cfg = train.resolve(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out", f"train.slice=[{k},3]",
+                                                                f"train.rows=[{tmp_path / 'target.jsonl'},gold]")), "t")
+        _, rows, _, _, _ = train.load_rows(cfg["train"])
+        rows_of[k] = {row["request_id"] for _, row in rows}
+        assert rows_of[k] == {r["id"] for r in reqs if train.slice_of(r["id"], 3) == k} - {
+            r["id"] for r in reqs if not r.get("gold")}
+    assert not (rows_of[0] & rows_of[1]) and not (rows_of[1] & rows_of[2]) and not (rows_of[0] & rows_of[2])
+    whole = train.resolve(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out")), "t")
+    assert rows_of[0] | rows_of[1] | rows_of[2] == {row["request_id"] for _, row in train.load_rows(whole["train"])[1]}
+    assert all(rows_of[k] for k in rows_of)  # the fixture's requests fall in every part
+    for bad in ("[3,3]", "[1]", "[-1,2]", "'0/3'"):
+        with pytest.raises(InputError, match=r"train.slice=.*expected \[k, n\]"):
+            train.resolve(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out", f"train.slice={bad}")), "t")
+
+
+def test_continues_from_a_finished_adapter(model_dir, tmp_path, monkeypatch):
     """`train.init_adapter`: the run starts from the adapter's weights (at learning rate 0 it ends on them; a fresh
-    adapter's B matrices are zero), the manifest records the adapter as an input (a changed one retrains), and an
-    adapter of another shape or question style is a clear error."""
+    adapter's B matrices are zero), the manifest records the adapter as an input (a changed one retrains), a finished
+    adapter is kept once the one it continued has left the tree, and an adapter of another shape or question style is
+    a clear error."""
     from safetensors.torch import load_file
 
     first = tmp_path / "first"
@@ -145,6 +168,15 @@ def test_continues_from_a_finished_adapter(model_dir, tmp_path):
     assert all(torch.equal(after[k], before[k]) for k in before)
     inputs = read_json(second / "manifest.json")["inputs"]
     assert str(first / "adapter_model.safetensors") in inputs
+    # the adapter it continued leaves the tree (as v6 did once v7 was committed): the finished one is neither
+    # retrained nor refused; a new run cannot start from the missing one
+    first.rename(tmp_path / "gone")
+    with monkeypatch.context() as m:
+        m.setattr(train, "run", lambda *a: pytest.fail("retrained a finished output"))
+        assert train.main(cont(second)) == 0
+        with pytest.raises(InputError, match="is not a finished adapter"):
+            train.main(cont(tmp_path / "third"))
+    (tmp_path / "gone").rename(first)
     fresh = tmp_path / "fresh"  # the control: without init_adapter the same run ends on zero B matrices
     assert train.main(["--recipe", RECIPE, *overrides(model_dir, fresh, "sft.learning_rate=0.0",
                                                       "sft.max_steps=2")]) == 0
