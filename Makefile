@@ -57,7 +57,7 @@ vllm-traces:
 	.venv-vllm/bin/python -m pipeline.stages.traces --recipe $(or $(RECIPE),$(TEACHER)) traces.backend=vllm $(ARGS)
 
 # Sidecar LoRA SFT (prefix-shared packed rows). Several GPUs: see README ("GPUs").
-SIDECAR ?= recipes/sidecar/smollm2-135m-cpu-v7.yaml
+SIDECAR ?= recipes/sidecar/smollm2-135m-cpu-v9.yaml
 train: setup
 	$(PY) -m pipeline.stages.train --recipe $(or $(RECIPE),$(SIDECAR)) $(ARGS)
 
@@ -66,7 +66,7 @@ train-deepspeed-check: setup
 	bash scripts/deepspeed_check.sh
 
 # Sidecar accuracy on dev and the evaluation benchmarks (function accuracy, slot exact match, nulls, payload bytes).
-ADAPTER ?= checkpoints/sidecar/smollm2-135m-cpu-v7
+ADAPTER ?= checkpoints/sidecar/smollm2-135m-cpu-v9
 sidecar-eval: setup
 	$(PY) -m pipeline.stages.sidecar_eval --recipe $(or $(RECIPE),$(SIDECAR)) \
 	  $(if $(filter command line,$(origin ADAPTER)),sidecar_eval.adapter=$(ADAPTER)) $(ARGS)

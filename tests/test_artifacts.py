@@ -9,7 +9,7 @@ from pipeline import artifacts
 from pipeline.io import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
-ADAPTER = ROOT / "checkpoints/sidecar/smollm2-135m-cpu-v7"
+ADAPTER = ROOT / "checkpoints/sidecar/smollm2-135m-cpu-v9"
 BASE = ROOT / "checkpoints/base/smollm2-135m-instruct"
 
 
