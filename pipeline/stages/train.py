@@ -436,9 +436,14 @@ def cast_weights(path: Path, dtype: str) -> None:
 
 
 def _same_recipe(a: dict, b: dict) -> bool:
+    """The same resolved recipe, `overwrite` aside; a `train:` key at its default counts as absent, so a knob added
+    since an adapter was trained (its manifest lacks it) does not make the adapter's recipe another one."""
     def norm(c):
         c = json.loads(json.dumps(c))
         c.get("train", {}).pop("overwrite", None)
+        for key, default in DEFAULTS.items():
+            if key in c.get("train", {}) and c["train"][key] == default:
+                del c["train"][key]
         return c
     return norm(a) == norm(b)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.io import InputError, read_json, read_jsonl, write_jsonl
+from pipeline.io import InputError, read_json, read_jsonl, write_json, write_jsonl
 from pipeline.sidecar.rows import build_rows, label_from_call
 from pipeline.sidecar.trainer import PackedSFTTrainer
 from pipeline.stages import train
@@ -118,6 +118,10 @@ def test_row_sources_first_wins_per_request_and_inputs_decide_a_rerun(model_dir,
     assert read_json(out / "metrics.json")["row_sources"] == sources
     monkeypatch.setattr(train, "run", lambda *a: pytest.fail("retrained a finished output"))
     assert train.main(args) == 0                       # same recipe, same inputs: nothing to do
+    manifest = read_json(out / "manifest.json")         # trained before a knob existed: its manifest lacks the key,
+    del manifest["config"]["train"]["slice"]            # and the knob at its default changes nothing
+    write_json(out / "manifest.json", manifest)
+    assert train.main(args) == 0
     write_jsonl(tmp_path / "target.jsonl", target_rows[:1])  # the target labels changed
     with pytest.raises(InputError, match=r"other inputs \(.*target.jsonl changed\)"):
         train.main(args)
