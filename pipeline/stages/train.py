@@ -110,8 +110,8 @@ def resolve(config: dict, where: str, check_init: bool = True) -> dict:
         raise InputError(f"{where}: train.questions={train['questions']!r}; expected one of {', '.join(QUESTION_STYLES)}")
     if train["slice"] is not None:
         sl = train["slice"]
-        if not (isinstance(sl, list) and len(sl) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in sl)
-                and 0 <= sl[0] < sl[1]):
+        ints = isinstance(sl, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in sl)
+        if not (ints and len(sl) == 2 and 0 <= sl[0] < sl[1]):
             raise InputError(f"{where}: train.slice={sl!r}; expected [k, n] with integers 0 <= k < n (the k-th of n "
                              "disjoint parts of the requests)")
     if train["init_grow"] and not train["init_adapter"]:
