@@ -33,6 +33,7 @@ from ..io import InputError, iter_jsonl, where
 from ..recipes import load_recipe, section
 from ..schema import find_tool, param_names
 from ..scoring import slot_match
+from .join import join_answers, parse_answers
 from .rows import UNKNOWN, Unknown
 
 # (summary key, column, kind): % = a share shown in percent, f = a number, s = text
@@ -286,6 +287,22 @@ def prediction_row(request: dict, pred, fingerprint: str) -> dict:
             "timings": pred.timings, "answers": [a["text"] for a in pred.answers]}
 
 
+def reparse_row(request: dict, row: dict) -> dict:
+    """The row with its function, slots and payload parsed and joined again from its answer texts by today's
+    `join.parse_answers` and `join.join_answers` (the wave's texts do not change with the parse rules, so a stored
+    prediction is judged as the runtime would read it today); a row without texts for every question is kept as is."""
+    texts = row.get("answers")
+    keys = [("function",)] + [("slot", t, p) for t, p, *_ in row["slots"]]
+    if not isinstance(texts, list) or len(texts) != len(keys):
+        return row
+    answers = parse_answers(keys, texts, len(request.get("tools") or []))
+    payload = join_answers(request["tools"], answers).payload
+    return {**row, "function": answers[0]["value"], "payload": payload.to_json() if payload else None,
+            "payload_bytes": payload.bytes if payload else 0,
+            "slots": [[a["tool"], a["param"], None if isinstance(a["value"], Unknown) else a["value"],
+                       isinstance(a["value"], Unknown)] for a in answers[1:]]}
+
+
 def row_prediction(row: dict) -> dict:
     return {"function": row["function"], "payload": row["payload"], "payload_bytes": row["payload_bytes"],
             "slots": {(t, p): UNKNOWN if unknown else v for t, p, v, unknown in row["slots"]}}
@@ -324,4 +341,4 @@ def base_model_of(adapter: str | Path) -> str:
 
 
 __all__ = ["METRICS", "reference_call", "score_request", "aggregate", "summarize", "markdown_table", "prediction_row",
-           "row_prediction", "load_labels", "adapter_from_recipe", "adapter_of", "base_model_of"]
+           "reparse_row", "row_prediction", "load_labels", "adapter_from_recipe", "adapter_of", "base_model_of"]

@@ -2,9 +2,9 @@
 
 A wave answers one function question and one slot question per (tool, parameter) of every tool ("if tool [i] is
 called, the value of p"). For every tool, the join keeps the slot values that are neither `null` (such a call would
-omit the parameter) nor unknown (the answer was not JSON) and that satisfy the parameter's own schema. The tool the
-function answer names becomes the payload's top call and every other tool with such values goes into `others`
-(`pipeline.payload.Payload`):
+omit the parameter) nor unknown (the answer was neither JSON nor a bare word) and that satisfy the parameter's own
+schema. The tool the function answer names becomes the payload's top call and every other tool with such values goes
+into `others` (`pipeline.payload.Payload`):
 
     {"tool_index": i, "arguments": {param: value, ...}, "others": {"j": {...}}}   (compact JSON; bytes = UTF-8 length)
 
@@ -27,7 +27,7 @@ from referencing.exceptions import Unresolvable
 
 from ..payload import Payload
 from ..schema import draft_schema, tool_params, validation_errors
-from .rows import UNKNOWN, Unknown, parse_answer, parse_function_answer
+from .rows import UNKNOWN, Unknown, parse_function_answer, parse_slot_answer
 
 
 @dataclass
@@ -49,7 +49,7 @@ def parse_answers(keys: list[tuple], texts: list[str], n_tools: int) -> list[dic
 
     `keys` are `rows.wave_questions`' keys: ("function",) or ("slot", tool, param). The function answer's value is
     the tool index or None (not an integer in range); a slot answer's value is the JSON value, `None` for `null`,
-    or `rows.UNKNOWN` when the text is not JSON.
+    a bare word as the string it spells (`rows.parse_slot_answer`), or `rows.UNKNOWN` when the text is none of these.
     """
     if len(keys) != len(texts):
         raise ValueError(f"{len(keys)} wave questions but {len(texts)} answers")
@@ -60,7 +60,7 @@ def parse_answers(keys: list[tuple], texts: list[str], n_tools: int) -> list[dic
                             "value": parse_function_answer(text, n_tools)})
         elif key[0] == "slot":
             answers.append({"kind": "slot", "tool": key[1], "param": key[2], "text": text,
-                            "value": parse_answer(text)})
+                            "value": parse_slot_answer(text)})
         else:
             raise ValueError(f"unknown wave question kind {key[0]!r}; expected 'function' or 'slot'")
     return answers

@@ -19,6 +19,7 @@ no label (what they would be called with is unknown) and are not trained.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ..schema import param_names, tool_name, tool_params
@@ -140,6 +141,24 @@ def parse_answer(text: str) -> Any:
         return json.loads(text.strip())
     except (json.JSONDecodeError, ValueError):
         return UNKNOWN
+
+
+# A slot answer that is not JSON but one bare word: an identifier, a dotted or file name (`snapshotRequest`,
+# `System.out`, `report.pdf`): no spaces, quotes, backslashes, brackets or commas, starting with a letter, `_` or `$`.
+# A code model asked for an untyped parameter of a Java or JavaScript tool answers such a word where the call writes the
+# string it spells ("snapshotRequest"); anything else that is not JSON stays unknown, and so do a JSON literal cut
+# short (`nul`) and Python's literals (`None`, `True`, `False`: a value, not a word).
+BARE_WORD = re.compile(r"[A-Za-z_$][^\s\"'\\{}\[\],]*")
+NOT_WORDS = {lit[:k] for lit in ("null", "true", "false") for k in range(1, len(lit))} | {"None", "True", "False"}
+
+
+def parse_slot_answer(text: str) -> Any:
+    """A slot answer as a JSON value, a bare word as the string it spells (`BARE_WORD`), else UNKNOWN. The join still
+    checks the value against the parameter's schema (a word answered for an integer parameter is dropped there)."""
+    value = parse_answer(text)
+    if value is UNKNOWN and BARE_WORD.fullmatch(word := text.strip()) and word not in NOT_WORDS:
+        return word
+    return value
 
 
 def parse_function_answer(text: str, n_tools: int) -> int | None:

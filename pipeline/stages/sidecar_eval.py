@@ -9,7 +9,9 @@ calls: with `teacher`, the labels in `<data_dir>/labels/<teacher>/` (the target'
 match) where a request has one, gold otherwise; the table says which. Metrics: `pipeline.sidecar.accuracy`.
 Writes into `<out>` (default `<adapter>/sidecar_eval/`):
     predictions.jsonl   one row per request (function answer, every slot answer, payload, timings); a rerun with the
-                        same model, adapter weights and settings resumes from it, other settings start it afresh
+                        same model, adapter weights and settings resumes from it, other settings start it afresh;
+                        its answers are parsed and joined again from the stored texts by today's rules (a change of
+                        the parse re-judges the waves without running them; the file is rewritten where a row changed)
     accuracy.json       summary by benchmark + all, skipped requests, config; with labels also `summary_gold`, the
                         same predictions judged against gold only; accuracy.md the table(s); manifest.json
     misses.jsonl        every wrong answer (the function, or a slot: its kind, value, reference value and whether the
@@ -27,13 +29,12 @@ from pathlib import Path
 
 from ..artifacts import seal
 from ..hardware import cpu_sample, cpu_usage, machine
-from ..io import InputError, ResumableJsonl, atomic_open, iter_jsonl, sha256_file, write_json, write_manifest
+from ..io import InputError, ResumableJsonl, atomic_open, dumps, iter_jsonl, sha256_file, write_json, write_manifest
 from ..recipes import load_recipe, section
 from ..report import BUSY_FOREIGN_CORES as BUSY_CORES
 from ..requests import load_requests
-from ..sidecar.accuracy import (adapter_of, base_model_of, load_labels, markdown_table, prediction_row,
-                                misses_table, reference_call, request_misses, row_prediction, score_request,
-                                summarize)
+from ..sidecar.accuracy import (adapter_of, base_model_of, load_labels, markdown_table, misses_table, prediction_row,
+                                reference_call, reparse_row, request_misses, row_prediction, score_request, summarize)
 
 BACKENDS = ("transformers", "vllm")
 
@@ -169,7 +170,15 @@ def predict(cfg: SidecarEvalConfig, requests: list[dict], preds_path: Path) -> d
                     store.write(prediction_row(req, pred, fp))
                 bar.update(len(chunk))
     store.finish()
-    return {r["id"]: r for _, r in iter_jsonl(preds_path)}
+    # parsed again from the stored answer texts: a change of the parse or join rules re-judges the waves without
+    # running them again (the file is rewritten where a row changed, so it says what was scored)
+    by_id = {r["id"]: r for r in requests}
+    rows = [(r, reparse_row(by_id[r["id"]], r) if r["id"] in by_id else r)
+            for _, r in iter_jsonl(preds_path)]
+    if any(new != old for old, new in rows):
+        with atomic_open(preds_path) as f:
+            f.writelines(dumps(new) + "\n" for _, new in rows)
+    return {new["id"]: new for _, new in rows}
 
 
 def _stale(path: Path, fp: str) -> bool:

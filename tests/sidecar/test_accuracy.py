@@ -10,8 +10,8 @@ import pytest
 from pipeline.io import InputError
 from pipeline.payload import payload_bytes
 from pipeline.sidecar.accuracy import (aggregate, in_conversation, load_labels, markdown_table, miss_kind, misses_table,
-                                      reference_call, request_misses, score_request, summarize)
-from pipeline.sidecar.rows import UNKNOWN
+                                      reference_call, reparse_row, request_misses, score_request, summarize)
+from pipeline.sidecar.rows import UNKNOWN, wave_questions
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests.jsonl"
 REQUESTS = [json.loads(line) for line in FIXTURES.read_text().splitlines() if line.strip()]
@@ -65,6 +65,22 @@ def test_score_request_on_fixed_predictions():
                            reference_call(REQUESTS[3]))
     assert (missed["null_tp"], missed["null_fp"], missed["null_fn"]) == (0, 1, 1)
     assert (missed["value_slots"], missed["value_correct"], missed["has_payload"]) == (1, 0, False)
+
+
+def test_a_stored_row_is_judged_as_todays_parse_and_join_read_its_texts():
+    hotel = REQUESTS[1]  # book_hotel(hotel: string, nights: integer >= 1, ...) is tool 1
+    _, keys = wave_questions(hotel)
+    texts = ["1"] + ["null"] * (len(keys) - 1)
+    texts[keys.index(("slot", 1, "hotel"))] = "Grand_Hotel"  # a bare word: unknown to the parse that stored the row
+    old = {"id": hotel["id"], "function": 1, "payload": {"tool_index": 1, "arguments": {}}, "payload_bytes": 35,
+           "slots": [[k[1], k[2], None, k == ("slot", 1, "hotel")] for k in keys[1:]], "answers": texts,
+           "timings": {"total": 1.0}, "n_prompts": len(keys)}
+    new = reparse_row(hotel, old)
+    assert new["payload"] == {"tool_index": 1, "arguments": {"hotel": "Grand_Hotel"}}
+    assert new["payload_bytes"] == payload_bytes(new["payload"]) and new["timings"] == old["timings"]
+    assert [1, "hotel", "Grand_Hotel", False] in new["slots"] and not any(s[3] for s in new["slots"])
+    assert reparse_row(hotel, new) == new  # already today's reading
+    assert reparse_row(hotel, {**old, "answers": texts[:-1]}) == {**old, "answers": texts[:-1]}  # texts do not fit
 
 
 def test_aggregate_and_table():

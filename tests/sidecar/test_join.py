@@ -5,7 +5,7 @@ from pathlib import Path
 
 from pipeline.payload import Payload
 from pipeline.sidecar.join import answer_from_json, answer_json, join, join_answers, parse_answers
-from pipeline.sidecar.rows import UNKNOWN, Unknown, wave_questions
+from pipeline.sidecar.rows import UNKNOWN, Unknown, parse_slot_answer, wave_questions
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests.jsonl"
 REQUESTS = [json.loads(line) for line in FIXTURES.read_text().splitlines() if line.strip()]
@@ -25,6 +25,23 @@ def test_parse_answers_function_slots_and_unknown():
     assert by_key[(0, "city")] is None
     assert parse_answers([("function",)], ["3"], n_tools=3)[0]["value"] is None  # out of range
     assert parse_answers([("function",)], ["true"], n_tools=3)[0]["value"] is None  # bool is not an index
+
+
+def test_a_bare_word_is_read_as_the_string_it_spells_and_the_schema_still_decides():
+    assert parse_slot_answer("snapshotRequest") == "snapshotRequest"
+    assert parse_slot_answer(" System.out\n") == "System.out" and parse_slot_answer("$el") == "$el"
+    assert parse_slot_answer('"quoted"') == "quoted" and parse_slot_answer("12") == 12  # JSON first
+    assert parse_slot_answer("null") is None and parse_slot_answer("[1]") == [1]
+    for text in ("3 nights", "1abc", "foo,bar", 'f("x")', "it's", "{a", "[b", "", "   ", "nul", "tr", "None", "False"):
+        assert isinstance(parse_slot_answer(text), Unknown), text
+    assert parse_answers([("function",)], ["one"], n_tools=3)[0]["value"] is None  # a function answer is an index
+    _, keys = wave_questions(HOTEL)
+    texts = ["1"] + ["null"] * (len(keys) - 1)
+    texts[keys.index(("slot", 1, "hotel"))] = "Grand_Hotel"  # a string parameter: kept
+    texts[keys.index(("slot", 1, "nights"))] = "three"  # an integer parameter: the join drops the word
+    joined = join_answers(HOTEL["tools"], parse_answers(keys, texts, n_tools=3))
+    assert joined.payload.arguments == {"hotel": "Grand_Hotel"}
+    assert [(d["param"], d["value"]) for d in joined.dropped] == [("nights", "three")]
 
 
 def test_join_keeps_the_chosen_tool_on_top_and_the_others_non_null_valid_slots():

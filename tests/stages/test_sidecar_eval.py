@@ -59,6 +59,13 @@ def test_writes_summary_table_predictions_manifest_and_resumes(tmp_path, monkeyp
 
     sidecar_eval.main(["--recipe", recipe])  # same settings: everything is resumed, nothing recomputed
     assert wave.calls == 4
+    # a row stored by an older parse (its slots unknown, no payload) is judged again from its texts, not re-run
+    stale = [{**r, "payload": None, "payload_bytes": 0, "slots": [[t, p, None, True] for t, p, *_ in r["slots"]]}
+             for r in rows]
+    (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stale))
+    result = sidecar_eval.main(["--recipe", recipe])
+    assert wave.calls == 4 and result["summary"]["all"]["slot_exact"] == 1.0
+    assert [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()] == rows
     sidecar_eval.main(["--recipe", recipe, "sidecar_eval.max_value_tokens=7"])  # other settings: redone
     assert wave.calls == 8
     result = sidecar_eval.main(["--recipe", recipe, "sidecar_eval.max_value_tokens=7", "sidecar_eval.limit=2"])
