@@ -1,6 +1,6 @@
 """The `train` stage: LoRA SFT of the sidecar on prefix-shared packed rows (trl SFTTrainer + peft LoraConfig).
 
-Run as: python -m pipeline.stages.train [--recipe recipes/sidecar/smollm2-135m-cpu.yaml] [section.key=value ...]
+Run as: python -m pipeline.stages.train [--recipe recipes/sidecar/smollm2-135m-cpu-v9.yaml] [section.key=value ...]
 Several GPUs: accelerate launch --config_file recipes/deepspeed/accelerate-zero2.yaml -m pipeline.stages.train
               --recipe recipes/sidecar/qwen3-0.6b.yaml sft.deepspeed=recipes/deepspeed/zero2.json
 
@@ -35,7 +35,7 @@ from ..io import InputError, iter_jsonl, read_json, write_json, write_manifest
 from ..recipes import load_recipe, section
 
 STAGE = "train"
-DEFAULT_RECIPE = "recipes/sidecar/smollm2-135m-cpu.yaml"
+DEFAULT_RECIPE = "recipes/sidecar/smollm2-135m-cpu-v9.yaml"  # the default sidecar, as `make train` names it
 DEFAULTS = {
     "model": None,                # base model: a local folder or a hub id
     "requests": [],               # request JSONL files (globs allowed) the rows were built from
