@@ -10,7 +10,7 @@ Every round runs each sidecar once as its own eval run, `eval/results/sidecar-<n
 later rounds), in the order A B, then B A in the next round, so a drift of the machine over the window falls on both.
 The first run measures every method of the recipe (`ar`, `toolspec`, ...); every later run starts from a copy of its
 rows without a sidecar, so only `ooo` is measured again (`--copy-from` names an earlier run to take them from instead,
-measured on this machine: its rows are then not measured in this window, and the table says so). A sidecar's base model
+measured on this machine: its rows are then not measured in this window, and the output says so). A sidecar's base model
 is its adapter's `base_model_name_or_path`. A run that already has rows resumes (the eval skips finished rows).
 
 Prints, per run and variant: requests, wall / prefill / decode seconds summed over the requests, target forwards, the
@@ -84,14 +84,16 @@ def markdown(lines: list[dict], n_common: int) -> str:
                    f"{x['decode_s']:.1f} | {x['forwards']} | {wave} | {share} | {x['same_as_ar']}/{x['requests']} | "
                    f"{x['busy']} |")
     ooo = [x for x in lines if x["variant"].startswith("ooo")]
-    if ooo:
-        first = ooo[0]
-        out += ["", f"`{first['variant']}` wall time over {first['run']}'s: "
-                + ", ".join(f"{x['run']} {x['wall_s'] / first['wall_s']:.3f}" for x in ooo if x is not first)]
     peers = [x for x in lines if not x["variant"].startswith("ooo") and x["variant"] != "ar"]
-    for peer in peers:  # each run's ooo against a method without a sidecar, end to end
-        out.append(f"`{peer['variant']}` wall time over each run's `ooo`: "
-                   + ", ".join(f"{x['run']} {peer['wall_s'] / x['wall_s']:.3f}x" for x in ooo))
+    out.append("")
+    for variant in sorted({x["variant"] for x in ooo}):  # each ooo variant across the runs
+        same = [x for x in ooo if x["variant"] == variant]
+        if len(same) > 1:
+            out.append(f"`{variant}` wall time over {same[0]['run']}'s: "
+                       + ", ".join(f"{x['run']} {x['wall_s'] / same[0]['wall_s']:.3f}" for x in same[1:]))
+        for peer in peers:  # a method without a sidecar over each run's ooo, end to end
+            out.append(f"`{peer['variant']}` wall time over `{variant}`'s: "
+                       + ", ".join(f"{x['run']} {peer['wall_s'] / x['wall_s']:.3f}x" for x in same))
     return "\n".join(out)
 
 
@@ -172,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(cmd, check=True)
             runs.append(run)
         print_table([RESULTS / r for r in runs])
+        if args.copy_from:
+            made = args.copy_from / "manifest.json"
+            when = read_json(made).get("created", "?") if made.is_file() else "?"
+            print(f"The rows without a sidecar were measured by {args.copy_from} (created {when}), not in this window.")
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -58,7 +58,7 @@ def test_the_table_counts_common_requests_hint_share_outputs_and_busy_rows(tmp_p
     assert by[("one", "ooo@adaptive")]["busy"] == 0 and by[("two", "ooo@adaptive")]["busy"] == 1
     assert by[("two", "ooo@adaptive")]["wave_cpu_s"] == 2.0 and by[("one", "toolspec")]["wave_cpu_s"] is None
     text = ab_sidecars.markdown(lines, common)
-    assert "two 2.000" in text and "one 1.500x, two 0.750x" in text  # ooo over the first; toolspec over each ooo
+    assert "over one's: two 2.000" in text and "one 1.500x, two 0.750x" in text  # ooo over the first; toolspec / ooo
     assert by[("one", "ooo@adaptive")]["same_as_ar"] == 1  # r2 (another output than ar's) is not common
 
 
@@ -105,3 +105,24 @@ def test_runs_each_sidecar_per_round_and_prints_the_table(tmp_path, monkeypatch,
     out = capsys.readouterr().out
     assert "2 rows without a sidecar copied from" in out and "sidecar-t-big 1.250" in out
     assert "| sidecar-t-small-r2 | ooo@adaptive | 1 | 4.0 |" in out
+
+
+def test_copy_from_seeds_every_run_and_says_when_its_rows_were_measured(tmp_path, monkeypatch, capsys):
+    a, b = adapter(tmp_path / "a", "base/small"), adapter(tmp_path / "b", "base/big")
+    earlier = write_run(tmp_path / "earlier", [row("r1", "ar", 10), row("r1", "toolspec", 6)])
+    (earlier / "manifest.json").write_text(json.dumps({"created": "2026-12-06T05:45:51Z"}))
+    results = tmp_path / "results"
+    monkeypatch.setattr(ab_sidecars, "RESULTS", results)
+
+    def fake_eval(cmd, check):
+        run = next(c for c in cmd if c.startswith("eval.run=")).split("=", 1)[1]
+        assert [r["variant"] for r in ab_sidecars.load_rows(results / run)] == ["ar", "toolspec"]  # seeded first
+        write_run(results / run, ab_sidecars.load_rows(results / run) + [row("r1", "ooo@adaptive", 4)])
+
+    monkeypatch.setattr(ab_sidecars.subprocess, "run", fake_eval)
+    args = ["--name", "t", "--rounds", "1", "--sidecar", f"small={a}", "--sidecar", f"big={b}", "--copy-from",
+            str(earlier)]
+    assert ab_sidecars.main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("2 rows without a sidecar copied from") == 2
+    assert "measured by" in out and "(created 2026-12-06T05:45:51Z), not in this window" in out
