@@ -295,8 +295,9 @@ def reparse_row(request: dict, row: dict) -> dict:
     keys = [("function",)] + [("slot", t, p) for t, p, *_ in row["slots"]]
     if not isinstance(texts, list) or len(texts) != len(keys):
         return row
-    answers = parse_answers(keys, texts, len(request.get("tools") or []))
-    payload = join_answers(request["tools"], answers).payload
+    tools = request.get("tools") or []
+    answers = parse_answers(keys, texts, len(tools))
+    payload = join_answers(tools, answers).payload
     return {**row, "function": answers[0]["value"], "payload": payload.to_json() if payload else None,
             "payload_bytes": payload.bytes if payload else 0,
             "slots": [[a["tool"], a["param"], None if isinstance(a["value"], Unknown) else a["value"],
