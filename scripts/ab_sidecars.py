@@ -3,6 +3,7 @@
 Run as: .venv/bin/python scripts/ab_sidecars.py --name ab16t-s17 \
             --sidecar v9=checkpoints/sidecar/smollm2-135m-cpu-v9 \
             --sidecar pilot3=checkpoints/sidecar/qwen2.5-coder-0.5b-cpu-pilot-3 [--rounds 2] \
+            [--sidecar v9st1=checkpoints/sidecar/smollm2-135m-cpu-v9,eval.sidecar.slot_tools=1] \
             [--recipe recipes/eval/sidecar-ab.yaml] [--copy-from eval/results/<run>] [eval.key=value ...]
         .venv/bin/python scripts/ab_sidecars.py --table eval/results/<run> eval/results/<run> ...   (print only)
 
@@ -11,7 +12,8 @@ later rounds), in the order A B, then B A in the next round, so a drift of the m
 The first run measures every method of the recipe (`ar`, `toolspec`, ...); every later run starts from a copy of its
 rows without a sidecar, so only `ooo` is measured again (`--copy-from` names an earlier run to take them from instead,
 measured on this machine: its rows are then not measured in this window, and the output says so). A sidecar's base model
-is its adapter's `base_model_name_or_path`. A run that already has rows resumes (the eval skips finished rows).
+is its adapter's `base_model_name_or_path`; overrides after its folder (`,eval.key=value`) apply to its runs only, so
+one adapter can run under two settings. A run that already has rows resumes (the eval skips finished rows).
 
 Prints, per run and variant: requests, wall / prefill / decode seconds summed over the requests, target forwards, the
 waves' CPU seconds, the exclusive hint share of the drafted tokens (`hint_tokens_accepted / draft_tokens`, the
@@ -127,16 +129,21 @@ def seed_rows(source: Path, run_dir: Path) -> int:
     return len(rows)
 
 
-def parse_sidecars(specs: list[str]) -> dict[str, Path]:
+def parse_sidecars(specs: list[str]) -> dict[str, tuple[Path, list[str]]]:
+    """{label: (adapter folder, its own eval.key=value overrides)} of `LABEL=ADAPTER[,eval.key=value ...]` specs."""
     sidecars = {}
     for spec in specs:
-        label, sep, adapter = spec.partition("=")
+        label, sep, rest = spec.partition("=")
+        adapter, *own = rest.split(",")
         if not sep or not label or not adapter:
-            raise InputError(f"--sidecar {spec!r}: expected LABEL=ADAPTER_FOLDER")
+            raise InputError(f"--sidecar {spec!r}: expected LABEL=ADAPTER_FOLDER[,eval.key=value ...]")
+        bad = [o for o in own if not o.startswith("eval.") or "=" not in o]
+        if bad:
+            raise InputError(f"--sidecar {spec!r}: {bad[0]!r} is not an eval.key=value override")
         if label in sidecars:
             raise InputError(f"--sidecar {spec!r}: the label {label!r} is given twice")
         base_model_of(adapter)  # the adapter folder must name its base model
-        sidecars[label] = Path(adapter)
+        sidecars[label] = (Path(adapter), own)
     if len(sidecars) < 2:
         raise InputError("give at least two --sidecar LABEL=ADAPTER_FOLDER to compare")
     return sidecars
@@ -146,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table", nargs="+", type=Path, help="print the table of these run folders and stop")
     ap.add_argument("--name", help="runs are eval/results/sidecar-<name>-<label>[-r<k>]")
-    ap.add_argument("--sidecar", action="append", default=[], help="LABEL=ADAPTER_FOLDER (two or more)")
+    ap.add_argument("--sidecar", action="append", default=[],
+                    help="LABEL=ADAPTER_FOLDER[,eval.key=value ...] (two or more; its overrides apply to its runs)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--recipe", default="recipes/eval/sidecar-ab.yaml")
     ap.add_argument("--copy-from", type=Path, help="take the rows without a sidecar from this earlier run")
@@ -168,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"== {run}: {seeded} rows without a sidecar copied from {source}" if seeded else f"== {run}")
             else:
                 print(f"== {run}: measures every method")
+            adapter, own = sidecars[label]
             cmd = [sys.executable, "-m", "pipeline.stages.eval", "--recipe", args.recipe, f"eval.run={run}",
-                   *args.overrides, f"eval.sidecar.model={base_model_of(sidecars[label])}",
-                   f"eval.sidecar.adapter={sidecars[label]}"]
+                   *args.overrides, f"eval.sidecar.model={base_model_of(adapter)}", f"eval.sidecar.adapter={adapter}",
+                   *own]
             subprocess.run(cmd, check=True)
             runs.append(run)
         print_table([RESULTS / r for r in runs])

@@ -79,6 +79,10 @@ def test_bad_sidecar_arguments_are_clear_errors(tmp_path):
         ab_sidecars.parse_sidecars([f"x={a}", f"x={a}"])
     with pytest.raises(InputError, match="adapter_config.json"):
         ab_sidecars.parse_sidecars([f"x={a}", f"y={tmp_path / 'nothing'}"])
+    with pytest.raises(InputError, match="not an eval.key=value"):
+        ab_sidecars.parse_sidecars([f"x={a},slot_tools=1", f"y={a}"])
+    assert ab_sidecars.parse_sidecars([f"x={a},eval.sidecar.slot_tools=1", f"y={a}"]) == {
+        "x": (Path(a), ["eval.sidecar.slot_tools=1"]), "y": (Path(a), [])}
     assert ab_sidecars.main(["--sidecar", f"x={a}"]) == 2  # no --name
 
 
@@ -96,12 +100,14 @@ def test_runs_each_sidecar_per_round_and_prints_the_table(tmp_path, monkeypatch,
         write_run(results / run, rows + [row("r1", "ooo@adaptive", wall, sidecar_cpu_s=1.0, draft_tokens=4)])
 
     monkeypatch.setattr(ab_sidecars.subprocess, "run", fake_eval)
-    assert ab_sidecars.main(["--name", "t", "--sidecar", f"small={a}", "--sidecar", f"big={b}", "eval.split=test"]) == 0
+    big = f"big={b},eval.sidecar.slot_tools=1"
+    assert ab_sidecars.main(["--name", "t", "--sidecar", f"small={a}", "--sidecar", big, "eval.split=test"]) == 0
     runs = [next(c for c in cmd if c.startswith("eval.run=")) for cmd in commands]
     assert runs == ["eval.run=sidecar-t-small", "eval.run=sidecar-t-big", "eval.run=sidecar-t-big-r2",
                     "eval.run=sidecar-t-small-r2"]
     for cmd, run in zip(commands, runs):
         assert "eval.split=test" in cmd and f"eval.sidecar.adapter={a if 'small' in run else b}" in cmd
+        assert ("eval.sidecar.slot_tools=1" in cmd) == ("big" in run)  # a sidecar's own override, its runs only
     out = capsys.readouterr().out
     assert "2 rows without a sidecar copied from" in out and "sidecar-t-big 1.250" in out
     assert "| sidecar-t-small-r2 | ooo@adaptive | 1 | 4.0 |" in out
