@@ -87,13 +87,30 @@ def null_openings(tokenizer, vocab_size: int) -> list[int]:
     return [i for i, t in enumerate(texts) if t.lstrip().startswith("n")]
 
 
+def tool_probs(logits, tool_ids: list[int]):
+    """The function row's probability of each tool: its next-token `logits` [V] at the tool index tokens, softmaxed
+    over those tokens alone (float32)."""
+    return logits[tool_ids].float().softmax(-1)
+
+
+def top_tools(probs, n: int, mass: float | None = None) -> list[int]:
+    """The `n` most probable tools, most probable first; with `mass`, only as many of them as it takes for their
+    probability to reach `mass` (a policy scripts/slot_tools_coverage.py weighs: one tool where the function row is
+    sure, up to `n` where it hesitates; the staged wave asks the top `n`)."""
+    order = probs.sort(descending=True, stable=True).indices
+    k = min(int(n), len(order))
+    if mass is not None:
+        k = min(k, int((probs[order].cumsum(0) < mass).sum()) + 1)
+    return order[:k].tolist()
+
+
 def tools_to_ask(logits, keys: list[tuple], tool_ids: list[int] | None, n: int) -> list[int] | None:
     """The rows of a staged wave: the function row and the slot rows of the `n` tools whose index token ranks highest
-    in the function row's next-token `logits`; None (every row) when the tool indices are not single tokens."""
+    in the function row's next-token `logits` (`top_tools`); None (every row) when the tool indices are not single
+    tokens or `n` covers every tool."""
     if tool_ids is None or n >= len(tool_ids):
         return None
-    scores = logits[tool_ids]
-    top = set(scores.topk(n).indices.tolist())
+    top = set(top_tools(tool_probs(logits, tool_ids), n))
     return [r for r, k in enumerate(keys) if k[0] == "function" or k[1] in top]
 
 

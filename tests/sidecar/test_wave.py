@@ -13,8 +13,8 @@ import torch
 
 from pipeline.sidecar.rows import answer_complete, wave_questions
 from pipeline.sidecar import wave as wave_module
-from pipeline.sidecar.wave import (SlotWave, load_sidecar, null_openings, prompt_settings, required_rows, tools_to_ask,
-                                  wave_inputs)
+from pipeline.sidecar.wave import (SlotWave, load_sidecar, null_openings, prompt_settings, required_rows, tool_probs,
+                                   tools_to_ask, top_tools, wave_inputs)
 from pipeline.testing import FAMILIES, make_tiny_model, make_tiny_model_dir, make_tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests.jsonl"
@@ -432,6 +432,17 @@ def test_tools_to_ask_keeps_the_function_row_and_the_top_tools_slots():
         k for k in keys if k[0] == "slot" and k[1] == 1]
     assert {keys[r][1] for r in tools_to_ask(logits, keys, [7, 8, 9], 2)[1:]} == {1, 2}
     assert tools_to_ask(logits, keys, [7, 8, 9], 3) is None and tools_to_ask(logits, keys, None, 1) is None
+
+
+def test_top_tools_ranks_by_probability_and_a_mass_asks_fewer_where_the_row_is_sure():
+    probs = torch.tensor([0.1, 0.6, 0.3])
+    assert top_tools(probs, 1) == [1] and top_tools(probs, 2) == [1, 2] and top_tools(probs, 5) == [1, 2, 0]
+    assert top_tools(probs, 3, 0.5) == [1] and top_tools(probs, 3, 0.85) == [1, 2] and top_tools(probs, 3, 1.0) == [1, 2, 0]
+    assert top_tools(probs, 1, 0.99) == [1]  # the mass never asks more than n
+    assert top_tools(torch.tensor([0.5, 0.5]), 1) == [0]  # a tie goes to the lower index, every time
+    logits = torch.full((20,), -5.0)
+    logits[[3, 4]] = torch.tensor([1.0, 1.0 + torch.log(torch.tensor(3.0)).item()])
+    assert tool_probs(logits, [3, 4]).tolist() == pytest.approx([0.25, 0.75])
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
