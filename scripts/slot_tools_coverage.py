@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         probs_by_id = {}
         with torch.inference_mode():
             for req in tqdm(requests, desc="function rows", unit="req"):
-                prefix, suffixes, keys = wave_inputs(wave.tokenizer, req, wave.compact, wave.chat_template_kwargs,
-                                                     wave.questions)
+                prefix, suffixes, _ = wave_inputs(wave.tokenizer, req, wave.compact, wave.chat_template_kwargs,
+                                                  wave.questions)
                 ids = wave._tool_ids(len(req["tools"]))
                 if ids is None:
                     continue
