@@ -46,6 +46,7 @@ class LabelsConfig:
 
 
 LABEL_KEYS = {"require_gold_agreement", "compact", "force", "allow_partial"}
+NO_CALL = "no tool call found"  # the `detail` of a rejected trace that answers with text (reason "unparsed")
 
 
 def resolve(config: dict, where_: str = "recipe") -> LabelsConfig:
@@ -86,7 +87,7 @@ def label_trace(request: dict, trace: dict, require_gold_agreement: bool = False
     parsed = parse_calls(trace.get("text") or "")
     if not parsed.calls:
         reason = "truncated" if trace.get("finish_reason") == "length" else "unparsed"
-        return None, {**facts, "reason": reason, "detail": "; ".join(parsed.problems) or "no tool call found"}
+        return None, {**facts, "reason": reason, "detail": "; ".join(parsed.problems) or NO_CALL}
     facts.update(parsed=True, format=parsed.format, n_calls=len(parsed.calls))
     tools, problems, chosen = request["tools"], [], None
     for k, call in enumerate(parsed.calls):

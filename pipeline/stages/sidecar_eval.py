@@ -13,7 +13,9 @@ Writes into `<out>` (default `<adapter>/sidecar_eval/`):
                         its answers are parsed and joined again from the stored texts by today's rules (a change of
                         the parse re-judges the waves without running them; the file is rewritten where a row changed)
     accuracy.json       summary by benchmark + all, skipped requests, config; with labels also `summary_gold`, the
-                        same predictions judged against gold only; accuracy.md the table(s); manifest.json
+                        same predictions judged against gold only, and `summary_calls`, without the requests whose
+                        target trace answers with text (`text_answers`: gold was their reference, though the
+                        target calls nothing there); accuracy.md the table(s); manifest.json
     misses.jsonl        every wrong answer (the function, or a slot: its kind, value, reference value and whether the
                         reference value is written out in the conversation), counted by kind in accuracy.md
 """
@@ -105,6 +107,18 @@ def label_paths(cfg: SidecarEvalConfig) -> list[Path]:
               "recipe); every request is judged against its gold call", file=sys.stderr)
         return []
     return sorted(p for p in folder.glob("*.jsonl") if p.name != "rejected.jsonl")
+
+
+def text_answers(labels_files: list[Path]) -> set[str]:
+    """Ids of the requests whose target trace answers with text, not a call: the labels stage rejected them as
+    "unparsed" with no tool call found (`rejected.jsonl` beside the label files). They have no label, so gold is their
+    reference, though the target makes no call there for a hint to draft."""
+    from .labels import NO_CALL
+
+    path = labels_files[0].parent / "rejected.jsonl" if labels_files else None
+    if path is None or not path.is_file():
+        return set()
+    return {r["id"] for _, r in iter_jsonl(path) if r.get("reason") == "unparsed" and r.get("detail") == NO_CALL}
 
 
 def out_dir(cfg: SidecarEvalConfig) -> Path:
@@ -238,9 +252,13 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
     # the same predictions against the benchmarks' gold calls alone: how far the target's calls (what a hint must
     # match) and gold differ, and a figure comparable with runs that had no labels
     summary_gold = score(requests, rows, {}) if labels else None
+    # and without the requests the target answered with text (judged by gold above, where the target calls nothing)
+    text = sorted(text_answers(labels_files) & {r["id"] for r in requests})
+    summary_calls = score([r for r in requests if r["id"] not in set(text)], rows, labels) if text else None
     config = {k: v for k, v in asdict(cfg).items() if k not in ("fresh", "threads", "batch")}
     inputs = [*paths, *map(str, labels_files)]
     result = {"summary": summary, "reference": summary["all"]["reference"], "summary_gold": summary_gold,
+              "summary_calls": summary_calls, "text_answers": text,
               "config": config, "inputs": {p: sha256_file(p) for p in inputs},
               "predictions": str(out / "predictions.jsonl")}
     write_json(out / "accuracy.json", result)
@@ -249,6 +267,9 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
     table = machine_line(cfg, rows) + "\n\n" + markdown_table(summary)
     if summary_gold:
         table += "\nThe same predictions judged against gold only:\n\n" + markdown_table(summary_gold)
+    if summary_calls:
+        table += (f"\nThe same predictions without the {len(text)} requests whose target trace answers with text "
+                  f"(no call to draft; judged against gold above): {', '.join(text)}\n\n" + markdown_table(summary_calls))
     table += (f"\nWhere the misses are ({summary['all']['reference']}; each in misses.jsonl):\n\n"
               + misses_table(misses))
     with atomic_open(out / "accuracy.md") as f:

@@ -110,6 +110,33 @@ def test_labels_of_the_teacher_win_over_gold(tmp_path, monkeypatch):
     assert result["summary_gold"] is None and "gold only" not in (tmp_path / "gold-only" / "accuracy.md").read_text()
 
 
+def test_requests_the_target_answered_with_text_are_also_judged_without(tmp_path, monkeypatch):
+    """A request whose target trace is a text answer has no label: gold judges it in the main table, and a third
+    table leaves it out (no call there for a hint to draft); other rejections stay in."""
+    from pipeline.stages.labels import NO_CALL
+
+    wave = ScriptedWave()
+    monkeypatch.setattr(wave, "predict", lambda r, f=wave.predict: f({**r, "gold": []}) if r["id"] == "fixture/1"
+                        else f(r))  # a wrong function answer where the target answered text
+    monkeypatch.setattr(sidecar_eval, "make_wave", lambda cfg: wave)
+    folder = tmp_path / "data" / "labels" / "t"
+    folder.mkdir(parents=True)
+    (folder / "test.jsonl").write_text(json.dumps({"id": "fixture/0", "tool_index": 0, "arguments": {}}) + "\n")
+    (folder / "rejected.jsonl").write_text(
+        json.dumps({"id": "fixture/1", "reason": "unparsed", "detail": NO_CALL}) + "\n"
+        + json.dumps({"id": "fixture/3", "reason": "schema_invalid", "detail": "call 0 get_weather: unit"}) + "\n")
+    result = sidecar_eval.main(["--recipe", write_recipe(tmp_path, teacher="t", data_dir=str(tmp_path / "data"))])
+    assert result["summary"]["all"]["requests"] == 4 and result["summary"]["all"]["function_accuracy"] == 0.75
+    calls = result["summary_calls"]["all"]
+    assert result["text_answers"] == ["fixture/1"] and calls["requests"] == 3 and calls["function_accuracy"] == 1.0
+    assert calls["reference"] == "labels 1 + gold 2"
+    md = (tmp_path / "out" / "accuracy.md").read_text()
+    assert "without the 1 requests whose target trace answers with text" in md and "fixture/1" in md
+    (folder / "rejected.jsonl").write_text(json.dumps({"id": "fixture/3", "reason": "unparsed", "detail": "x"}) + "\n")
+    result = sidecar_eval.main(["--recipe", write_recipe(tmp_path, teacher="t", data_dir=str(tmp_path / "data"))])
+    assert result["summary_calls"] is None and result["text_answers"] == []
+
+
 def test_bad_recipes_and_requests_are_clear_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(sidecar_eval, "make_wave", lambda cfg: ScriptedWave())
     with pytest.raises(InputError, match=r"unknown key.*limt"):
