@@ -117,7 +117,7 @@ def text_answers(labels_files: list[Path]) -> set[str]:
 
     path = labels_files[0].parent / "rejected.jsonl" if labels_files else None
     if path is None or not path.is_file():
-        return set()
+        return set()  # labels made before rejections were kept, or none: every request stays
     return {r["id"] for _, r in iter_jsonl(path) if r.get("reason") == "unparsed" and r.get("detail") == NO_CALL}
 
 
@@ -254,9 +254,10 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
     summary_gold = score(requests, rows, {}) if labels else None
     # and without the requests the target answered with text (judged by gold above, where the target calls nothing)
     text = sorted(text_answers(labels_files) & {r["id"] for r in requests})
-    summary_calls = score([r for r in requests if r["id"] not in set(text)], rows, labels) if text else None
+    summary_calls = score([r for r in requests if r["id"] not in text], rows, labels) if text else None
     config = {k: v for k, v in asdict(cfg).items() if k not in ("fresh", "threads", "batch")}
-    inputs = [*paths, *map(str, labels_files)]
+    rejected = labels_files[0].parent / "rejected.jsonl" if labels_files else None
+    inputs = [*paths, *map(str, labels_files), *([str(rejected)] if rejected and rejected.is_file() else [])]
     result = {"summary": summary, "reference": summary["all"]["reference"], "summary_gold": summary_gold,
               "summary_calls": summary_calls, "text_answers": text,
               "config": config, "inputs": {p: sha256_file(p) for p in inputs},

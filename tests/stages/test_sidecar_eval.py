@@ -129,7 +129,7 @@ def test_requests_the_target_answered_with_text_are_also_judged_without(tmp_path
     assert result["summary"]["all"]["requests"] == 4 and result["summary"]["all"]["function_accuracy"] == 0.75
     calls = result["summary_calls"]["all"]
     assert result["text_answers"] == ["fixture/1"] and calls["requests"] == 3 and calls["function_accuracy"] == 1.0
-    assert calls["reference"] == "labels 1 + gold 2"
+    assert calls["reference"] == "labels 1 + gold 2" and str(folder / "rejected.jsonl") in result["inputs"]
     md = (tmp_path / "out" / "accuracy.md").read_text()
     assert "without the 1 requests whose target trace answers with text" in md and "fixture/1" in md
     (folder / "rejected.jsonl").write_text(json.dumps({"id": "fixture/3", "reason": "unparsed", "detail": "x"}) + "\n")
