@@ -109,14 +109,20 @@ def label_paths(cfg: SidecarEvalConfig) -> list[Path]:
     return sorted(p for p in folder.glob("*.jsonl") if p.name != "rejected.jsonl")
 
 
+def rejected_file(labels_files: list[Path]) -> Path | None:
+    """The labels stage's `rejected.jsonl` beside the label files, where there is one."""
+    path = labels_files[0].parent / "rejected.jsonl" if labels_files else None
+    return path if path is not None and path.is_file() else None
+
+
 def text_answers(labels_files: list[Path]) -> set[str]:
     """Ids of the requests whose target trace answers with text, not a call: the labels stage rejected them as
-    "unparsed" with no tool call found (`rejected.jsonl` beside the label files). They have no label, so gold is their
-    reference, though the target makes no call there for a hint to draft."""
+    "unparsed" with no tool call found (`rejected_file`). They have no label, so gold is their reference, though the
+    target makes no call there for a hint to draft."""
     from .labels import NO_CALL
 
-    path = labels_files[0].parent / "rejected.jsonl" if labels_files else None
-    if path is None or not path.is_file():
+    path = rejected_file(labels_files)
+    if path is None:
         return set()  # labels made before rejections were kept, or none: every request stays
     return {r["id"] for _, r in iter_jsonl(path) if r.get("reason") == "unparsed" and r.get("detail") == NO_CALL}
 
@@ -256,8 +262,8 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
     text = sorted(text_answers(labels_files) & {r["id"] for r in requests})
     summary_calls = score([r for r in requests if r["id"] not in text], rows, labels) if text else None
     config = {k: v for k, v in asdict(cfg).items() if k not in ("fresh", "threads", "batch")}
-    rejected = labels_files[0].parent / "rejected.jsonl" if labels_files else None
-    inputs = [*paths, *map(str, labels_files), *([str(rejected)] if rejected and rejected.is_file() else [])]
+    rejected = rejected_file(labels_files)
+    inputs = [*paths, *map(str, labels_files), *([str(rejected)] if rejected else [])]
     result = {"summary": summary, "reference": summary["all"]["reference"], "summary_gold": summary_gold,
               "summary_calls": summary_calls, "text_answers": text,
               "config": config, "inputs": {p: sha256_file(p) for p in inputs},
