@@ -174,7 +174,7 @@ def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None, l
     chunk beside the wave (`wave_chunk`, None when unrecorded: rows before it prefilled whole chunks) is not `chunk`
     or whose `layer_switch` (unrecorded: false) is not the recipe's;
     a wave revision, `required_values` (unrecorded: false), `slot_tools`, the wave's `prefix_cache` (unrecorded: 0) or
-    `prepack` (unrecorded: false) other than the recipe's is redone too.
+    `prepack` (unrecorded: false) or `quantize` (unrecorded: none) other than the recipe's is redone too.
     Rows of every other method stay."""
     if not uses_sidecar(row.get("method", "")) or ident is None:
         return False
@@ -187,7 +187,8 @@ def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None, l
             or made.get("required_values", False) != ident.get("required_values", False)
             or made.get("slot_tools") != ident.get("slot_tools")
             or made.get("prefix_cache", 0) != ident.get("prefix_cache", 0)
-            or made.get("prepack", False) != ident.get("prepack", False))
+            or made.get("prepack", False) != ident.get("prepack", False)
+            or made.get("quantize") != ident.get("quantize"))
 
 
 def target_methods(cfg: dict, tcfg: dict) -> list[str]:
@@ -212,7 +213,7 @@ def sidecar_identity(sc: dict) -> dict:
             "adapter_sha256": sha256_file(weights) if weights.is_file() else None,
             "merged": bool(adapter) and kw["merge_adapter"], "wave": WAVE_REVISION,
             "required_values": kw["required_values"], "slot_tools": kw["slot_tools"],
-            "prefix_cache": kw["prefix_cache"], "prepack": kw["prepack"]}
+            "prefix_cache": kw["prefix_cache"], "prepack": kw["prepack"], "quantize": kw["quantize"]}
 
 
 def git_commit(own: Path | None = None) -> str | None:

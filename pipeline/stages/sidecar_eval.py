@@ -56,6 +56,8 @@ class SidecarEvalConfig:
     merge_adapter: bool = True              # fold LoRA into the base weights (transformers), as the runtime's worker does
     required_values: bool = True            # a required parameter's answer cannot be null, as the runtime's worker does
     slot_tools: int | None = None           # staged wave: only the slots of the top-N tools of the function row
+    quantize: str | None = None             # int8: the wave's linear layers in int8 (CPU, float32 otherwise), as a
+                                            # recipe's sidecar.quantize runs it; null: the model's dtype
     tool_block: str | None = None           # compact | full; default: as the adapter was trained
     chat_template_kwargs: dict | None = None  # default: as the adapter was trained
     batch: int = 64                         # requests per generate call (vllm)
@@ -79,6 +81,14 @@ def resolve(recipe: dict, where_: str = "recipe") -> SidecarEvalConfig:
         raise InputError(f"{where_}: sidecar_eval.backend={cfg.backend!r}; expected one of {BACKENDS}")
     if cfg.tool_block not in (None, "compact", "full"):
         raise InputError(f"{where_}: sidecar_eval.tool_block={cfg.tool_block!r}; expected compact or full")
+    if cfg.quantize is not None:
+        from ..sidecar.wave import QUANTIZE
+
+        if cfg.quantize not in QUANTIZE:
+            raise InputError(f"{where_}: sidecar_eval.quantize={cfg.quantize!r}; expected one of {list(QUANTIZE)} or null")
+        if cfg.backend != "transformers":
+            raise InputError(f"{where_}: sidecar_eval.quantize runs on the transformers backend only (backend is "
+                             f"{cfg.backend!r})")
     if cfg.adapter is None and "train" in recipe:  # a recipe that trains an adapter evaluates it
         cfg.adapter = str(adapter_of(recipe))
     if cfg.model is None:
@@ -135,7 +145,10 @@ def out_dir(cfg: SidecarEvalConfig) -> Path:
 
 def fingerprint(cfg: SidecarEvalConfig) -> str:
     """What the predictions depend on: a change starts them afresh."""
-    text = json.dumps({k: getattr(cfg, k) for k in FINGERPRINT_KEYS}, sort_keys=True)
+    fields = {k: getattr(cfg, k) for k in FINGERPRINT_KEYS}
+    if cfg.quantize is not None:  # only when set: predictions made before the key existed keep their fingerprint
+        fields["quantize"] = cfg.quantize
+    text = json.dumps(fields, sort_keys=True)
     weights = [p for p in (Path(cfg.adapter or "-") / n for n in ("adapter_model.safetensors", "adapter_model.bin"))
                if p.is_file()]
     return text + (sha256_file(weights[0]) if weights else "")
@@ -155,8 +168,9 @@ def make_wave(cfg: SidecarEvalConfig):
         return VllmWave(cfg.model, cfg.adapter, **kwargs)
     from ..sidecar.wave import SlotWave
 
-    return SlotWave(cfg.model, cfg.adapter, dtype=cfg.dtype, merge_adapter=bool(cfg.merge_adapter and cfg.adapter),
-                    slot_tools=cfg.slot_tools, **kwargs)
+    return SlotWave(cfg.model, cfg.adapter, dtype="float32" if cfg.quantize else cfg.dtype,
+                    merge_adapter=bool(cfg.merge_adapter and cfg.adapter), slot_tools=cfg.slot_tools,
+                    quantize=cfg.quantize, **kwargs)
 
 
 def predict(cfg: SidecarEvalConfig, requests: list[dict], preds_path: Path) -> dict[str, dict]:
@@ -237,7 +251,9 @@ def score(requests: list[dict], rows: dict[str, dict], labels: dict[str, dict],
 def machine_line(cfg: SidecarEvalConfig, rows: dict[str, dict]) -> str:
     """The machine the waves ran on and whether anything else ran beside them (busy: other processes used more than
     BUSY_CORES cores on average during a wave; waves predicted before cpu_s was recorded are not counted)."""
-    m = machine(cfg.dtype, cfg.threads)
+    m = machine("float32" if cfg.quantize else cfg.dtype, cfg.threads)
+    if cfg.quantize:
+        m["dtype"] = f"{cfg.quantize} linear layers, float32 elsewhere"
     timed = [r["timings"] for r in rows.values() if "others_cpu_s" in r["timings"]]
     busy = sum(t["others_cpu_s"] > BUSY_CORES * t["total"] for t in timed)
     return (f"Machine: {m['cpu'].get('model')}, {m['cpu'].get('cores')} cores, flags {' '.join(m['cpu'].get('flags', []))}"

@@ -16,6 +16,7 @@ from pipeline.sidecar import wave as wave_module
 from pipeline.sidecar.wave import (SlotWave, load_sidecar, null_openings, prompt_settings, required_rows, tool_probs,
                                    tools_to_ask, top_tools, wave_inputs)
 from pipeline.testing import FAMILIES, make_tiny_model, make_tiny_model_dir, make_tokenizer
+from pipeline.io import InputError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests.jsonl"
 REQUESTS = [json.loads(line) for line in FIXTURES.read_text().splitlines() if line.strip()]
@@ -525,3 +526,46 @@ def test_prepacked_linears_answer_as_the_plain_model():
         assert len({tuple(r) for r in rows}) > 1 and wave.run(prefix, suffixes)[0] == rows, request["id"]
     exact = make_tiny_model("llama", tokenizer=tok, dtype=torch.float64)[0]
     assert prepack_linears(exact) == 0 and any(isinstance(m, torch.nn.Linear) for m in exact.modules())
+
+
+def test_int8_linears_answer_close_to_the_float_model():
+    """`quantize="int8"`: every linear of a float32 model (the output layer too) multiplies in int8; its logits stay
+    close to the float model's and its wave answers every row; the settings it cannot run with are refused by name."""
+    from pipeline.sidecar.factory import sidecar_kwargs
+    from pipeline.sidecar.wave import quantize_linears
+
+    tok = make_tokenizer()
+    plain = spread(make_tiny_model("llama", tokenizer=tok, dtype=torch.float32)[0], 7, std=0.05)
+    quant = spread(make_tiny_model("llama", tokenizer=tok, dtype=torch.float32)[0], 7, std=0.05)
+    names = [n for n, m in plain.named_modules() if type(m) is torch.nn.Linear]
+    kept = [n for n in names if n.endswith(".down_proj")]
+    try:
+        wave = SlotWave(quant, tokenizer=tok, max_value_tokens=CAP, quantize="int8")
+    except RuntimeError as err:  # a torch built without a quantized CPU engine
+        pytest.skip(str(err))
+    assert kept and wave.quantized == len(names) - len(kept)  # the MLP's down_proj stays out of int8
+    int8 = {n for n in names if type(quant.get_submodule(n)).__module__.startswith("torch.ao.nn.quantized")}
+    assert int8 == set(names) - set(kept)
+    ids = torch.tensor([wave_inputs(tok, REQUESTS[0])[0]])
+    with torch.inference_mode():
+        a, b = quant(input_ids=ids).logits.flatten(), plain(input_ids=ids).logits.flatten()
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=0).item()
+    assert 0.99 < cos < 1.0  # int8: close, not equal (an unquantized model would give 1.0)
+    for request in REQUESTS:
+        prefix, suffixes, _ = wave_inputs(tok, request)
+        rows = wave.run(prefix, suffixes)[0]
+        assert len(rows) == len(suffixes) and all(rows), request["id"]
+    with pytest.raises(ValueError, match="float32"):
+        quantize_linears(make_tiny_model("llama", tokenizer=tok, dtype=torch.float64)[0])
+    fresh = make_tiny_model("llama", tokenizer=tok, dtype=torch.float32)[0]
+    for kw, match in (({"quantize": "int4"}, "quantize='int4'"), ({"quantize": "int8", "prepack": True}, "prepack"),
+                      ({"quantize": "int8", "dtype": "bfloat16"}, "float32")):
+        with pytest.raises(ValueError, match=match):
+            SlotWave(fresh, tokenizer=tok, **kw)
+    base = {"model": str(Path(__file__)), "adapter": None}  # an existing path stands for the model folder
+    assert sidecar_kwargs({**base, "quantize": "int8"})["quantize"] == "int8"
+    assert sidecar_kwargs(base)["quantize"] is None
+    for extra, match in (({"quantize": "int4"}, "sidecar.quantize='int4'"), ({"prepack": True}, "prepack: false"),
+                         ({"dtype": "bfloat16"}, "float32"), ({"device": "cuda"}, "CPU only")):
+        with pytest.raises(InputError, match=match):
+            sidecar_kwargs({**base, "quantize": "int8", **extra}, "recipes/eval/x.yaml")

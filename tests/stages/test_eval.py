@@ -109,6 +109,10 @@ def test_a_sidecar_row_is_stale_when_its_adapter_changed():
     cached = {**banned, "prefix_cache": 8192}  # waves from the sidecar's prefix cache: measured again
     assert eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": banned}, cached)
     assert not eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": {**banned, "prefix_cache": 0}}, banned)
+    int8 = {**banned, "quantize": "int8"}  # the wave's linears in int8: another wave, measured again
+    assert eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": banned}, int8)
+    assert eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": int8}, banned)
+    assert not eval_stage.stale_sidecar_row({"method": "ooo", "sidecar": int8}, int8)
     assert not eval_stage.stale_sidecar_row({"method": "ar"}, ident)
     assert not eval_stage.stale_sidecar_row({"method": "ooo-oracle"}, ident)  # its hint is ar's text, no sidecar
     assert not eval_stage.stale_sidecar_row({"method": "ooo"}, None)  # a run without ooo keeps every row
