@@ -302,6 +302,21 @@ def machine_line(machine: dict | None) -> str:
             f"{machine.get('threads', '?')} threads.")
 
 
+def wave_settings(sc: dict) -> str:
+    """The wave's settings a sidecar identity records (`eval.sidecar_identity`), as a clause of the report's sidecar
+    line: its code revision, weight format, staged tools and prefix cache; empty where none is recorded."""
+    parts = [f"wave revision {sc['wave']}"] if sc.get("wave") is not None else []
+    if sc.get("quantize"):
+        parts.append(f"{sc['quantize']} linear layers (down_proj kept out)")
+    elif sc.get("prepack"):
+        parts.append("prepacked weights")
+    if sc.get("slot_tools") is not None:
+        parts.append(f"slots of the top {sc['slot_tools']} tool{'s' if sc['slot_tools'] != 1 else ''}")
+    if sc.get("prefix_cache"):
+        parts.append(f"prefix cache of {sc['prefix_cache']} tokens")
+    return f"; {', '.join(parts)}" if parts else ""
+
+
 def to_markdown(summary: dict, title: str = "") -> str:
     fmt = lambda v, f="{:.2f}": f.format(v) if v is not None else "-"  # noqa: E731
     lines = [f"# {title}" if title else "# Eval summary", "", machine_line(summary.get("machine")), ""]
@@ -309,8 +324,8 @@ def to_markdown(summary: dict, title: str = "") -> str:
     if sc:
         lines += [f"Sidecar: {sc.get('model')} + adapter {sc.get('adapter') or 'none'} (adapter_model.safetensors "
                   f"sha256 {(sc.get('adapter_sha256') or '-')[:16]}"
-                  f"{', merged into the base weights' if sc.get('merged') else ''}); git commit {summary.get('git_commit') or '?'}.",
-                  ""]
+                  f"{', merged into the base weights' if sc.get('merged') else ''}){wave_settings(sc)}; git commit "
+                  f"{summary.get('git_commit') or '?'}.", ""]
     b = summary.get("busy_rows")
     if b:
         machines = "; ".join(f"{k} ({n} rows)" for k, n in b["machines"].items()) or "not recorded"

@@ -161,6 +161,28 @@ def test_report_names_the_machine_from_the_manifest(tmp_path):
     assert "| t | 0.300 | 0.400 |" in md
 
 
+def test_report_names_the_sidecars_wave_settings(tmp_path):
+    """The sidecar line says how the wave ran (weight format, staged tools), which the rows' identity records."""
+    with open(tmp_path / "rows.jsonl", "w") as f:
+        for r in ROWS:
+            f.write(json.dumps(r) + "\n")
+    ident = {"model": "m", "adapter": "a", "adapter_sha256": "ab" * 32, "merged": True, "wave": 4, "slot_tools": 2,
+             "prefix_cache": 0, "prepack": False, "quantize": "int8"}
+    (tmp_path / "manifest.json").write_text(json.dumps({"sidecar": ident}))
+    render(tmp_path, n_boot=20)
+    md = (tmp_path / "summary.md").read_text()
+    assert ("merged into the base weights); wave revision 4, int8 linear layers (down_proj kept out), slots of the "
+            "top 2 tools; git commit") in md
+    (tmp_path / "manifest.json").write_text(json.dumps({"sidecar": {**ident, "quantize": None, "prepack": True,
+                                                                    "slot_tools": None, "prefix_cache": 8192}}))
+    render(tmp_path, n_boot=20)
+    md = (tmp_path / "summary.md").read_text()
+    assert "wave revision 4, prepacked weights, prefix cache of 8192 tokens; git commit" in md
+    (tmp_path / "manifest.json").write_text(json.dumps({"sidecar": {"model": "m", "adapter": None}}))  # older runs
+    render(tmp_path, n_boot=20)
+    assert "(adapter_model.safetensors sha256 -); git commit" in (tmp_path / "summary.md").read_text()
+
+
 def test_busy_rows_are_flagged_left_out_and_counted(tmp_path):
     from pipeline.report import busy
 
