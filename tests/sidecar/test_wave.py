@@ -528,7 +528,7 @@ def test_prepacked_linears_answer_as_the_plain_model():
     assert prepack_linears(exact) == 0 and any(isinstance(m, torch.nn.Linear) for m in exact.modules())
 
 
-def test_int8_linears_answer_close_to_the_float_model():
+def test_int8_linears_answer_close_to_the_float_model(monkeypatch):
     """`quantize="int8"`: every linear of a float32 model (the output layer too) multiplies in int8; its logits stay
     close to the float model's and its wave answers every row; the settings it cannot run with are refused by name."""
     from pipeline.sidecar.factory import sidecar_kwargs
@@ -557,6 +557,14 @@ def test_int8_linears_answer_close_to_the_float_model():
         assert len(rows) == len(suffixes) and all(rows), request["id"]
     with pytest.raises(ValueError, match="float32"):
         quantize_linears(make_tiny_model("llama", tokenizer=tok, dtype=torch.float64)[0])
+    # a CPU without native bf16: down_proj stays a float32 nn.Linear (emulated bf16 would be slower)
+    import pipeline.hardware
+
+    monkeypatch.setattr(pipeline.hardware, "native_bf16", lambda device="cpu": False)
+    plain32 = make_tiny_model("llama", tokenizer=tok, dtype=torch.float32)[0]
+    assert quantize_linears(plain32) == len(names) - len(kept)
+    assert all(type(plain32.get_submodule(n)) is torch.nn.Linear and plain32.get_submodule(n).weight.dtype == torch.float32
+               for n in kept)
     fresh = make_tiny_model("llama", tokenizer=tok, dtype=torch.float32)[0]
     for kw, match in (({"quantize": "int4"}, "quantize='int4'"), ({"quantize": "int8", "prepack": True}, "prepack"),
                       ({"quantize": "int8", "dtype": "bfloat16"}, "float32")):
