@@ -252,8 +252,9 @@ def quantize_linears(model, keep: tuple[str, ...] = INT8_KEEP) -> int:
     (oneDNN-prepacked, `prepack_linears`), float32 elsewhere. Measured on the 2-core EPYC (AVX-512 BF16 + VNNI), the
     0.5B sidecar pilot-3 on 24 requests, 2 threads: of 212 answers 207 are equal between float32 and bf16; every
     linear in int8: 162 equal to bf16's (157 with one weight scale per tensor), 42 s against bf16's 59 s; all but
-    `down_proj` (in bf16): 195, 44 s; `down_proj` left in float32: 190, 60 s (the output layer alone: 156, 60 s). `torch.ao.quantization.quantize_dynamic` is deprecated
-    in favour of torchao, whose `Int8DynamicActivationInt8WeightConfig` ran slower than bf16 there without
+    `down_proj` (in bf16): 195, 44 s. With one scale per tensor, `down_proj` left in float32: 190, 60 s; the output
+    layer left in float32 instead: 156, 60 s. `torch.ao.quantization.quantize_dynamic` is deprecated in favour of
+    torchao, whose `Int8DynamicActivationInt8WeightConfig` ran slower than bf16 there without
     `torch.compile` (a 600-token prefill 4.0 s against 3.9 s, a decode step of 8 rows 0.55 s against 0.23 s; torch's
     own: 2.3 s and 0.05 s), so this keeps torch's; its deprecation warning is silenced here. Raises where this torch
     has no quantized CPU engine or a linear is not float32 on the CPU (load the model in float32)."""
@@ -318,8 +319,8 @@ class SlotWave:
     reordered once for oneDNN (`prepack_linears`; CPU, bf16 / float32 only): a faster wave, the same answers up to
     rounding; the model can no longer be trained or moved to another device. `quantize="int8"`: the linear layers but
     `down_proj` multiply in int8 (`quantize_linears`; CPU only, loaded and merged in float32, so `dtype` must be
-    float32 or auto): a faster wave whose answers can differ from the float model's (judge them with `make sidecar-eval`); it
-    excludes `prepack`, which rewrites the same layers.
+    float32 or auto): a faster wave whose answers can differ from the float model's (judge them with `make
+    sidecar-eval`); it excludes `prepack`, which rewrites the same layers.
     """
 
     def __init__(self, model, adapter: str | Path | None = None, *, tokenizer=None,
@@ -358,7 +359,6 @@ class SlotWave:
         self.prune_finished, self.early_stop, self.prealloc = prune_finished, early_stop, prealloc
         self.prepacked = prepack_linears(self.model) if prepack else 0
         self.quantized = quantize_linears(self.model) if quantize else 0
-        self.quantize = quantize
         self.required_values = bool(required_values)
         if slot_tools is not None and int(slot_tools) < 1:
             raise ValueError(f"slot_tools={slot_tools!r}: expected a number of tools >= 1, or None for all")

@@ -85,7 +85,8 @@ def resolve(recipe: dict, where_: str = "recipe") -> SidecarEvalConfig:
         from ..sidecar.wave import QUANTIZE
 
         if cfg.quantize not in QUANTIZE:
-            raise InputError(f"{where_}: sidecar_eval.quantize={cfg.quantize!r}; expected one of {list(QUANTIZE)} or null")
+            raise InputError(f"{where_}: sidecar_eval.quantize={cfg.quantize!r}; expected one of {list(QUANTIZE)} "
+                             "or null")
         if cfg.backend != "transformers":
             raise InputError(f"{where_}: sidecar_eval.quantize runs on the transformers backend only (backend is "
                              f"{cfg.backend!r})")
@@ -253,7 +254,7 @@ def machine_line(cfg: SidecarEvalConfig, rows: dict[str, dict]) -> str:
     BUSY_CORES cores on average during a wave; waves predicted before cpu_s was recorded are not counted)."""
     m = machine("float32" if cfg.quantize else cfg.dtype, cfg.threads)
     if cfg.quantize:
-        m["dtype"] = f"{cfg.quantize} linear layers, float32 elsewhere"
+        m["dtype"] = f"{cfg.quantize} linear layers (down_proj kept out), float32 elsewhere"
     timed = [r["timings"] for r in rows.values() if "others_cpu_s" in r["timings"]]
     busy = sum(t["others_cpu_s"] > BUSY_CORES * t["total"] for t in timed)
     return (f"Machine: {m['cpu'].get('model')}, {m['cpu'].get('cores')} cores, flags {' '.join(m['cpu'].get('flags', []))}"
