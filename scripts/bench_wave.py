@@ -11,6 +11,10 @@ question) and decode greedily up to --max-value-tokens, stopping at <|im_end|>/e
            whole JSON value (early stop);
   wave-merged  the wave with the LoRA adapter folded into the base weights (`merge_adapter`: one plain model, as
            the runtime's sidecar worker loads it), same prefix sharing and early stop (needs --adapter);
+  wave-int8  the wave in int8 (`quantize="int8"`: loaded and merged in float32, every linear but down_proj in int8,
+           as a recipe's `sidecar.quantize: int8` runs it), whatever --dtype says;
+  wave-prepacked  wave-merged with its linears prepacked for oneDNN (`prepack=True`, as the recipes run the wave);
+           `--methods wave-int8 wave-prepacked --dtype bfloat16` compares the two weight formats the recipes offer;
   wave-prefix  wave-merged (wave without --adapter) with a prefix cache of --prefix-cache tokens: each wave starts
            from the longest prefix an earlier request of the run shared with it (the system prompt and tools; never
            its own), as a server's sidecar sees requests one after the other (use --pick first for a file's order);
@@ -43,7 +47,9 @@ from pipeline.sidecar.rows import answer_complete, parse_answer, slot_keys
 from pipeline.runtime.target import output_layer_prefill
 from pipeline.sidecar.wave import SlotWave, answer_texts, wave_inputs
 
-METHODS = ("wave", "wave-merged", "wave-prefix", "wave-head", "wave-before", "naive", "batched")
+METHODS = ("wave", "wave-merged", "wave-int8", "wave-prepacked", "wave-prefix", "wave-head", "wave-before", "naive",
+           "batched")
+FORMATS = {"wave-int8": {"dtype": "float32", "quantize": "int8"}, "wave-prepacked": {"prepack": True}}
 
 
 def pick(path: str, n: int, how: str) -> list[dict]:
@@ -136,6 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
     wave = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens)
     merged = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens,
                       merge_adapter=True) if "wave-merged" in methods else None
+    formats = {m: SlotWave(args.model, args.adapter, **{"dtype": args.dtype, **kw}, max_value_tokens=args.max_value_tokens,
+                           merge_adapter=bool(args.adapter)) for m, kw in FORMATS.items() if m in methods}
     cached = SlotWave((merged or wave).model, tokenizer=wave.tokenizer, max_value_tokens=args.max_value_tokens,
                       compact=wave.compact, chat_template_kwargs=wave.chat_template_kwargs, questions=wave.questions,
                       prefix_cache=args.prefix_cache) if "wave-prefix" in methods else None
@@ -152,6 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
         wave.run([1, 2, 3], [[4], [5, 6]])
         if merged is not None:
             merged.run([1, 2, 3], [[4], [5, 6]])
+        for w in formats.values():
+            w.run([1, 2, 3], [[4], [5, 6]])
         before.run([1, 2, 3], [[4], [5, 6]])
         for k, req in enumerate(requests):
             prefix, suffixes, keys = wave_inputs(tok, req, wave.compact, wave.chat_template_kwargs, wave.questions)
@@ -159,10 +169,11 @@ def main(argv: list[str] | None = None) -> dict:
             timed, cpu, outputs = {}, {}, {}
             for m in methods:
                 t0, c0 = time.perf_counter(), time.process_time()
-                if m in ("wave", "wave-merged", "wave-head"):
+                if m in ("wave", "wave-merged", "wave-head", *FORMATS):
                     done = lambda r, text, keys=keys, n=n_tools: answer_complete(text, keys[r][0], n)  # noqa: E731
+                    runner = formats.get(m) or (wave if m == "wave" or merged is None else merged)
                     with output_layer_prefill() if m == "wave-head" else nullcontext():
-                        outputs[m] = (wave if m == "wave" or merged is None else merged).run(prefix, suffixes, done)[0]
+                        outputs[m] = runner.run(prefix, suffixes, done)[0]
                 elif m == "wave-prefix":
                     done = lambda r, text, keys=keys, n=n_tools: answer_complete(text, keys[r][0], n)  # noqa: E731
                     outputs[m] = cached.run(prefix, suffixes, done, key=req["id"])[0]
