@@ -142,8 +142,9 @@ def main(argv: list[str] | None = None) -> dict:
     wave = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens)
     merged = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens,
                       merge_adapter=True) if "wave-merged" in methods else None
-    formats = {m: SlotWave(args.model, args.adapter, **{"dtype": args.dtype, **kw}, max_value_tokens=args.max_value_tokens,
-                           merge_adapter=bool(args.adapter)) for m, kw in FORMATS.items() if m in methods}
+    formats = {m: SlotWave(args.model, args.adapter, **{"dtype": args.dtype, **kw},
+                           max_value_tokens=args.max_value_tokens, merge_adapter=bool(args.adapter))
+               for m, kw in FORMATS.items() if m in methods}
     cached = SlotWave((merged or wave).model, tokenizer=wave.tokenizer, max_value_tokens=args.max_value_tokens,
                       compact=wave.compact, chat_template_kwargs=wave.chat_template_kwargs, questions=wave.questions,
                       prefix_cache=args.prefix_cache) if "wave-prefix" in methods else None

@@ -6,7 +6,7 @@ Run as: .venv/bin/python scripts/slot_tools_coverage.py --adapter checkpoints/si
         .venv/bin/python scripts/slot_tools_coverage.py --adapter <it> \
             --rows eval/results/cpu/rows.jsonl --target qwen2.5-coder-1.5b-instruct     (a table's own requests)
 
-A staged wave (`sidecar.slot_tools`, `sidecar.slot_mass`) runs the function row first and decodes the slots of the
+A staged wave (`sidecar.slot_tools`) runs the function row first and decodes the slots of the
 tools its first token ranks highest. Where the target then calls a tool whose slots were not asked, the hint has no
 values for that call. For every labelled request with two tools or more, this runs the function row's first step once
 (`SlotWave._first_logits`, the wave's own prompt and weights), takes the probability of each tool (`wave.tool_probs`)

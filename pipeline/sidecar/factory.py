@@ -36,10 +36,12 @@ def sidecar_kwargs(sc: dict, where: str = "sidecar") -> dict:
                          "(recipes/sidecar/); sidecar.adapter=null runs the base model without one")
     quantize = sc.get("quantize")
     if quantize is not None:
-        from .wave import QUANTIZE
+        from .wave import check_quantize
 
-        if quantize not in QUANTIZE:
-            raise InputError(f"{where}: sidecar.quantize={quantize!r}; expected one of {list(QUANTIZE)} or null")
+        try:
+            check_quantize(quantize, "sidecar.quantize")
+        except ValueError as e:
+            raise InputError(f"{where}: {e}") from None
         if sc.get("prepack"):
             raise InputError(f"{where}: sidecar.quantize and sidecar.prepack both rewrite the wave's linear layers; "
                              "set prepack: false (or quantize: null)")

@@ -244,6 +244,12 @@ QUANTIZE = ("int8",)  # `SlotWave(quantize=...)`: the wave's weight formats besi
 INT8_KEEP = ("down_proj",)  # linears `quantize_linears` leaves out of int8 (by the last part of their name)
 
 
+def check_quantize(quantize, key: str = "quantize") -> None:
+    """A ValueError unless `quantize` is None or one of QUANTIZE (`key`: the setting's name in the message)."""
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ValueError(f"{key}={quantize!r}: expected one of {list(QUANTIZE)} or null (the model's own dtype)")
+
+
 def quantize_linears(model, keep: tuple[str, ...] = INT8_KEEP) -> int:
     """Swap the `nn.Linear`s of a float32 CPU model for torch's dynamically quantized ones: int8 weights per output
     channel, activations quantized per call, products in int8 (fbgemm / oneDNN, VNNI where the CPU has it), the output
@@ -329,9 +335,8 @@ class SlotWave:
                  stop_ids: list[int] | None = None, early_stop: bool = True, prealloc: bool = True,
                  questions: str | None = None, required_values: bool = True, slot_tools: int | None = None,
                  prefix_cache: int = 0, prepack: bool = False, quantize: str | None = None):
+        check_quantize(quantize)
         if quantize is not None:
-            if quantize not in QUANTIZE:
-                raise ValueError(f"quantize={quantize!r}: expected one of {list(QUANTIZE)} or None (the model's dtype)")
             if prepack:
                 raise ValueError("quantize and prepack both rewrite the linear layers: set one of them")
             if adapter is not None and not merge_adapter:

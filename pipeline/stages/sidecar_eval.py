@@ -82,11 +82,12 @@ def resolve(recipe: dict, where_: str = "recipe") -> SidecarEvalConfig:
     if cfg.tool_block not in (None, "compact", "full"):
         raise InputError(f"{where_}: sidecar_eval.tool_block={cfg.tool_block!r}; expected compact or full")
     if cfg.quantize is not None:
-        from ..sidecar.wave import QUANTIZE
+        from ..sidecar.wave import check_quantize
 
-        if cfg.quantize not in QUANTIZE:
-            raise InputError(f"{where_}: sidecar_eval.quantize={cfg.quantize!r}; expected one of {list(QUANTIZE)} "
-                             "or null")
+        try:
+            check_quantize(cfg.quantize, "sidecar_eval.quantize")
+        except ValueError as err:
+            raise InputError(f"{where_}: {err}") from None
         if cfg.backend != "transformers":
             raise InputError(f"{where_}: sidecar_eval.quantize runs on the transformers backend only (backend is "
                              f"{cfg.backend!r})")
@@ -293,7 +294,8 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
         table += "\nThe same predictions judged against gold only:\n\n" + markdown_table(summary_gold)
     if summary_calls:
         table += (f"\nThe same predictions without the {len(text)} requests whose target trace answers with text "
-                  f"(no call to draft; judged against gold above): {', '.join(text)}\n\n" + markdown_table(summary_calls))
+                  f"(no call to draft; judged against gold above): {', '.join(text)}\n\n"
+                  + markdown_table(summary_calls))
     table += (f"\nWhere the misses are ({summary['all']['reference']}; each in misses.jsonl):\n\n"
               + misses_table(misses))
     with atomic_open(out / "accuracy.md") as f:
