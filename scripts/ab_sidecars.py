@@ -17,7 +17,7 @@ one adapter can run under two settings. A run that already has rows resumes (the
 
 Prints, per run and variant: requests, wall / prefill / decode seconds summed over the requests, target forwards, the
 waves' CPU seconds, the exclusive hint share of the drafted tokens (`hint_tokens_accepted / draft_tokens`, the
-report's figure), outputs identical to `ar`, and busy rows (`pipeline.report.busy`); the variants without a sidecar
+report's figure), outputs identical to `ar`, and busy rows (`pipeline.eval.report.busy`); the variants without a sidecar
 once, from the first run (the later runs hold copies); then each run's `ooo` wall time over the first run's, and each
 method without a sidecar over each run's `ooo` (its speedup). Only requests that every run finished are counted.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.io import InputError, atomic_open, dumps, read_json, read_jsonl  # noqa: E402
-from pipeline.report import busy, machine_line  # noqa: E402
+from pipeline.eval.report import busy, machine_line  # noqa: E402
 from pipeline.sidecar.accuracy import base_model_of  # noqa: E402
 
 RESULTS = Path("eval/results")

@@ -5,7 +5,7 @@ Run as: python scripts/bench_runtime.py [--target checkpoints/base/qwen2.5-coder
         python scripts/bench_runtime.py --from-eval eval/results/cpu        (the table from an eval run's rows)
         python scripts/bench_runtime.py --replay rows.jsonl                 (acceptance on recorded outputs, no model)
 
-The same runner and report as `make eval` (pipeline/runner.py, pipeline/report.py): every variant warmed up,
+The same runner and report as `make eval` (pipeline/eval/runner.py, pipeline/eval/report.py): every variant warmed up,
 shuffled per request, timed from arrival, baselines on every core, `ooo` under each schedule, ratios end to end and
 for the decode phase with 95% intervals. Hints for `ooo`: `--hint gold` sends each request's gold call through a
 sidecar process (an upper bound on a sidecar that is right, labelled as such), `--hint sidecar` builds the wave with
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.hardware import machine  # noqa: E402
 from pipeline.io import ResumableJsonl, read_jsonl  # noqa: E402
-from pipeline.report import summarize, to_markdown  # noqa: E402
+from pipeline.eval.report import summarize, to_markdown  # noqa: E402
 from pipeline.requests import load_requests  # noqa: E402
 from pipeline.runtime import METHODS, generate  # noqa: E402
 from pipeline.payload import gold_payload  # noqa: E402
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     import torch
 
     from pipeline.hardware import available_cores
-    from pipeline.runner import Runner
+    from pipeline.eval.runner import Runner
     from pipeline.runtime import Target
 
     paths = [Path(p) for p in (args.requests or [f"data/requests/{args.bench}/test.jsonl"])]

@@ -4,7 +4,7 @@ Run as: .venv/bin/python scripts/smoke_runtime.py [--requests tests/fixtures/req
 
 Each tiny target is a random 2-layer model in float64 whose weights are drawn with a large scale, so that its
 greedy text varies with the context (`pipeline.testing.tiny_target`); `ooo` gets the request's gold call from a
-sidecar process. Every method runs through the eval's runner (pipeline/runner.py). A replay target (the gold call
+sidecar process. Every method runs through the eval's runner (pipeline/eval/runner.py). A replay target (the gold call
 written as a fenced JSON block) then shows the drafters' acceptance on a realistic output. Exits 1 when any output
 differs from `ar`.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.io import read_jsonl  # noqa: E402
-from pipeline.runner import Runner  # noqa: E402
+from pipeline.eval.runner import Runner  # noqa: E402
 from pipeline.runtime import Ready, generate  # noqa: E402
 from pipeline.runtime.loop import METHODS  # noqa: E402
 from pipeline.payload import gold_payload  # noqa: E402

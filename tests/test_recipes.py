@@ -47,7 +47,7 @@ def check_data(path, recipe):
 
 
 def check_models(path, recipe):
-    from pipeline.models import load_registry
+    from pipeline.stages.models import load_registry
 
     assert load_registry(ROOT / path)
 

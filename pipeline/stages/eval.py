@@ -3,9 +3,9 @@
 Run as: python -m pipeline.stages.eval --recipe recipes/eval/cpu.yaml [eval.key=value ...]     (`make eval`)
 
 For every target, every benchmark's test requests (evenly spaced with an optional limit) are decoded by the runner
-(pipeline/runner.py: every variant warmed up, shuffled per request, timed from arrival, baselines on every core,
+(pipeline/eval/runner.py: every variant warmed up, shuffled per request, timed from arrival, baselines on every core,
 `ooo` under each of `eval.schedules`); one row per (target, benchmark, request, variant) is appended to
-`eval/results/<run>/rows.jsonl` (a rerun skips finished rows), then the report (`pipeline.report`) is rendered from
+`eval/results/<run>/rows.jsonl` (a rerun skips finished rows), then the report (`pipeline.eval.report`) is rendered from
 the rows. Methods: the runtime's table (`pipeline.runtime.loop.METHOD_TABLE`) and two transformers peers in the same
 process on the same target: prompt-lookup decoding (`hf-pld`) and assisted generation with a small draft model
 (`hf-assisted`; the universal path with `assistant_tokenizer` when the tokenizers differ).
@@ -28,7 +28,7 @@ from ..io import InputError, ResumableJsonl, interrupt_on_sigterm, read_json, wr
 from ..methods import uses_sidecar
 from ..recipes import load_recipe, section
 from ..requests import load_requests
-from ..runner import ALL_METHODS, PEERS, HFPeers, Runner, variant, variants
+from ..eval.runner import ALL_METHODS, PEERS, HFPeers, Runner, variant, variants
 from ..runtime.schedule import WAVE_CHUNK
 from ..sidecar.factory import FACTORY, sidecar_kwargs
 
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> Path:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    from ..report import render
+    from ..eval.report import render
 
     render(run_dir, drop_busy=cfg["drop_busy_rows"])
     print((run_dir / "summary.md").read_text())

@@ -33,7 +33,7 @@ from ..artifacts import seal
 from ..hardware import cpu_sample, cpu_usage, machine
 from ..io import InputError, ResumableJsonl, atomic_open, dumps, iter_jsonl, sha256_file, write_json, write_manifest
 from ..recipes import load_recipe, section
-from ..report import BUSY_FOREIGN_CORES as BUSY_CORES
+from ..eval.report import BUSY_FOREIGN_CORES as BUSY_CORES
 from ..requests import load_requests
 from ..sidecar.accuracy import (adapter_of, base_model_of, load_labels, markdown_table, misses_table, prediction_row,
                                 reference_call, reparse_row, request_misses, row_prediction, score_request, summarize)

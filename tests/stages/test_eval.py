@@ -169,7 +169,7 @@ def test_prefill_once_per_request_and_threads(setup):
 
 
 def test_oracle_follows_ar_and_each_schedule_has_its_own_sidecar(setup):
-    from pipeline.runner import Runner
+    from pipeline.eval.runner import Runner
     from pipeline.runtime import Target
 
     root = setup
