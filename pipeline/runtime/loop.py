@@ -124,12 +124,86 @@ def _drafters(target: Target, request: dict, method: str, prompt: list[int], pen
     return made
 
 
+@dataclass
+class Round:
+    """What one request's rounds share: the target, the method's drafters, the tree's shape, the stats."""
+    target: Target
+    prompt: list[int]
+    drafters: list[tuple[object, int]]  # (drafter, source bit), best first
+    hint: HintDrafter | None
+    budget: TreeBudget | None           # None: every round verifies up to max_nodes
+    eos: int | None
+    max_nodes: int
+    max_depth: int
+    max_new_tokens: int
+    stats: Stats
+
+    def propose(self, output: list[int]) -> list[tuple[list[int], int]]:
+        """Every drafter's candidates (best first), or none when the budget says this round should not draft."""
+        hint, budget = self.hint, self.budget
+        draft = bool(self.drafters) and (budget is None or budget.should_draft())
+        if self.drafters and not draft and hint is not None and not hint.calls and hint.error is None:
+            hint.poll()  # a hint that just arrived is worth drafting for at once
+            if hint.calls:
+                draft, budget.skip = True, False
+        if not draft:
+            return []
+        ctx = Context(self.target.tokenizer, self.prompt, output, self.eos, self.max_depth, self.target.decode(output))
+        return [(c, bit) for drafter, bit in self.drafters for c in drafter.propose(ctx) if c]
+
+    def count(self, tree, path: list[int], new: list[int], t0: float, t1: float, t2: float) -> None:
+        stats, sources = self.stats, tree.sources
+        from_hint = sum(1 for i in path[:len(new)] if sources[i] and not sources[i] & ~HINT_BITS)  # hint-only tokens
+        stats.hint_tokens += from_hint
+        stats.hint_shared_tokens += sum(1 for i in path[:len(new)] if sources[i] & HINT_BITS)
+        if self.hint is not None and self.hint.other_tool:
+            stats.hint_other_tokens += from_hint
+        stats.draft_tokens += min(len(path), len(new))
+        stats.draft_s += t1 - t0
+        stats.verify_s += t2 - t1
+        stats.forwards += 1
+        stats.tree_nodes += len(tree)
+        stats.tree_sizes.append(len(tree))
+        stats.accepted.append(len(new))
+        if self.budget is not None:
+            self.budget.update(tree, path, t1 - t0)
+
+
+def speculative_round(r: Round, root: int, output: list[int]) -> tuple[list[int], bool]:
+    """One round: propose -> build the tree -> verify in one target forward -> accept -> trim the cache.
+
+    Returns the tokens committed (the accepted draft + the target's own next token) and whether decoding stopped.
+    """
+    t0 = time.perf_counter()
+    # propose + build: candidates merged into one token tree rooted at the last committed token
+    make_tree = build_tree if r.target.tree else best_chain
+    tree = make_tree(root, r.propose(output), r.max_nodes, r.max_depth)
+    if r.budget is not None:  # hardware-aware: the subtree with the most expected tokens per second on this machine
+        tree, _ = r.budget.choose(tree)
+    t1 = time.perf_counter()
+    # verify: one forward; argmax[i] = the target's next token after node i
+    argmax = r.target.verify(tree)
+    t2 = time.perf_counter()
+    # accept: the longest path whose every token equals the target's argmax after its parent, plus the target's own
+    # next token after the path (so every round commits >= 1 token and the output is exactly greedy `ar`'s)
+    path, bonus = accept(tree, argmax)
+    new, stopped = truncate_at_stop([tree.tokens[i] for i in path] + [bonus], r.target.stop_ids,
+                                    r.max_new_tokens - len(output))
+    r.count(tree, path, new, t0, t1, t2)
+    if not stopped:
+        r.target.keep(len(tree), path)  # trim: only the accepted path stays in the cache
+    return new, stopped
+
+
 def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *, max_new_tokens: int = 256,
              max_nodes: int = 32, max_depth: int = 24, history: History | None = None, oracle=None,
              validate_hint: bool = True, extra_drafters: list | None = None, on_commit=None,
              tree_budget: str = "auto", schedule=None, variant: str | None = None,
              reuse_prefill: bool = False, prefill_chunk: int | None = None) -> Result:
     """Decode `request` greedily with `method`; the tokens equal `ar`'s for every method and any sidecar.
+
+    The request's lifecycle around `speculative_round`: start the sidecar's wave, prefill (threads from the
+    schedule), build the method's drafters, run rounds until a stop token or max_new_tokens, record the stats.
 
     sidecar: for "ooo", a `Sidecar` (started here, when the request arrives) or an already started hint
       (`Pending` / `Ready`, anything with a non-blocking `poll()`); None = no hint (ooo degrades to toolspec).
@@ -154,13 +228,13 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    if tree_budget not in ("auto", "fixed"):
+        raise ValueError(f"tree_budget {tree_budget!r}; expected 'auto' or 'fixed'")
     pending = None
     if method == "ooo-oracle":
         pending = Ready(oracle_payload(target, request, oracle, max_new_tokens))
         if pending.payload is None:
             pending.error = "no tool call in the target's ar output"
-    if tree_budget not in ("auto", "fixed"):
-        raise ValueError(f"tree_budget {tree_budget!r}; expected 'auto' or 'fixed'")
     started, arrived = time.perf_counter(), time.time()  # the request arrives
     # `deferred`: the wave starts once the prefill is done (the hint's ready time still counts from the arrival)
     defer = method == "ooo" and hasattr(sidecar, "start") and getattr(schedule, "deferred", False)
@@ -177,27 +251,12 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
             target.set_threads(n)
             stats.threads.append(n)
 
+    # prefill: every prompt token but the last (the first round's root)
     if pending is not None and getattr(schedule, "sequential", False):
         while pending.poll() is None and getattr(pending, "error", None) is None:  # the wave first, every core
             time.sleep(0.002)
     set_threads()
-
-    def next_chunk() -> int | None:  # the schedule shortens chunks while it holds a core for the wave
-        return schedule.chunk(stats.threads[-1], prefill_chunk)
-
-    def give_back() -> None:  # before every decoder layer of a prefill forward: every core once the wave answers
-        if schedule.threads(pending) > stats.threads[-1]:
-            set_threads()
-
-    chunk = next_chunk if schedule is not None and hasattr(schedule, "chunk") else prefill_chunk
-    stats.prefill_s = target.prefill(prompt[:-1], key=request.get("id"), reuse=reuse_prefill, chunk=chunk,
-                                     between=set_threads if schedule is not None else None,
-                                     salt=request.get("cache_salt"),
-                                     inside=give_back if getattr(schedule, "layer_switch", False) else None)
-    stats.cached_tokens = getattr(target, "cached_tokens", 0)
-    done = getattr(target, "last_prefill", {})
-    stats.prefill_reused, stats.prefill_cpu_s = bool(done.get("reused")), float(done.get("cpu_s") or 0.0)
-    shift = stats.prefill_s - float(done.get("spent", stats.prefill_s))  # reused: the measured prefill - the restore
+    shift = _prefill(target, request, prompt, stats, schedule, pending, set_threads, reuse_prefill, prefill_chunk)
     if defer:
         pending = sidecar.start(request)
         set_threads()  # n-1 while the wave computes
@@ -207,62 +266,25 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     drafters = _drafters(target, request, method, prompt, pending, arrived, history, validate)
     hint = drafters[0][0] if drafters and isinstance(drafters[0][0], HintDrafter) else None
     drafters = [(d, EXTRA) for d in extra_drafters or []] + drafters
-    eos = target.tokenizer.eos_token_id if target.tokenizer.eos_token_id in target.stop_ids else None
-    make_tree = build_tree if target.tree else best_chain
     budget = None
     if tree_budget == "auto" and getattr(target, "curve", None) is not None and drafters:
         budget = target.budgets.setdefault(variant or method, TreeBudget(target.curve, max_nodes))
         budget.start_request()
+    eos = target.tokenizer.eos_token_id if target.tokenizer.eos_token_id in target.stop_ids else None
+    rounds = Round(target, prompt, drafters, hint, budget, eos, max_nodes, max_depth, max_new_tokens, stats)
+    # decode: rounds until a stop token or max_new_tokens
     t_decode, c_decode = time.perf_counter(), time.process_time()
     output: list[int] = []
     root = prompt[-1]
     try:
         while True:
-            # propose: every drafter's candidates, best first, merged into one tree
-            t0 = time.perf_counter()
-            cands: list[tuple[list[int], int]] = []
-            draft = bool(drafters) and (budget is None or budget.should_draft())
-            if drafters and not draft and hint is not None and not hint.calls and hint.error is None:
-                hint.poll()  # a hint that just arrived is worth drafting for at once
-                if hint.calls:
-                    draft, budget.skip = True, False
-            if draft:
-                ctx = Context(target.tokenizer, prompt, output, eos, max_depth, target.decode(output))
-                for drafter, bit in drafters:
-                    cands += [(c, bit) for c in drafter.propose(ctx) if c]
-            tree = make_tree(root, cands, max_nodes, max_depth)
-            if budget is not None:  # hardware-aware: the most expected tokens per second on this machine
-                tree, _ = budget.choose(tree)
-            t1 = time.perf_counter()
-            # verify: one forward; argmax[i] = the target's next token after node i
-            argmax = target.verify(tree)
-            t2 = time.perf_counter()
-            # accept: the longest path the target agrees with + its own next token; stop at EOS / max_new_tokens
-            path, bonus = accept(tree, argmax)
-            new, stopped = truncate_at_stop([tree.tokens[i] for i in path] + [bonus], target.stop_ids,
-                                            max_new_tokens - len(output))
-            # the hint's own tokens (aligned or realigned) that no other drafter proposed in this round
-            from_hint = sum(1 for i in path[:len(new)] if tree.sources[i] and not tree.sources[i] & ~HINT_BITS)
-            stats.hint_tokens += from_hint
-            stats.hint_shared_tokens += sum(1 for i in path[:len(new)] if tree.sources[i] & HINT_BITS)
-            if hint is not None and hint.other_tool:
-                stats.hint_other_tokens += from_hint
-            stats.draft_tokens += min(len(path), len(new))
-            stats.draft_s += t1 - t0
-            stats.verify_s += t2 - t1
-            stats.forwards += 1
-            stats.tree_nodes += len(tree)
-            stats.tree_sizes.append(len(tree))
-            if budget is not None:
-                budget.update(tree, path, t1 - t0)
-            stats.accepted.append(len(new))
+            new, stopped = speculative_round(rounds, root, output)
             output += new
             if on_commit is not None and new:
                 on_commit(new)
             if stopped:
                 stats.stop = "eos" if new and new[-1] in target.stop_ids else "length"
                 break
-            target.keep(len(tree), path)  # drop the rejected branches from the cache
             root = new[-1]
             if wave_running() and scan(target.decode(output)).state == "done":
                 cancel_wave()  # the call is written: the wave can no longer help, its core goes back to the target
@@ -284,3 +306,24 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     text = target.decode(body)
     history.add(prompt, output, text)
     return Result(text, output, stats)
+
+
+def _prefill(target: Target, request: dict, prompt: list[int], stats: Stats, schedule, pending, set_threads,
+             reuse: bool, chunk_size: int | None) -> float:
+    """Prefill prompt[:-1] into the target's cache; returns the seconds charged but not spent (a reused prefill)."""
+    def next_chunk() -> int | None:  # the schedule shortens chunks while it holds a core for the wave
+        return schedule.chunk(stats.threads[-1], chunk_size)
+
+    def give_back() -> None:  # before every decoder layer of a prefill forward: every core once the wave answers
+        if schedule.threads(pending) > stats.threads[-1]:
+            set_threads()
+
+    chunk = next_chunk if schedule is not None and hasattr(schedule, "chunk") else chunk_size
+    stats.prefill_s = target.prefill(prompt[:-1], key=request.get("id"), reuse=reuse, chunk=chunk,
+                                     between=set_threads if schedule is not None else None,
+                                     salt=request.get("cache_salt"),
+                                     inside=give_back if getattr(schedule, "layer_switch", False) else None)
+    stats.cached_tokens = getattr(target, "cached_tokens", 0)
+    done = getattr(target, "last_prefill", {})
+    stats.prefill_reused, stats.prefill_cpu_s = bool(done.get("reused")), float(done.get("cpu_s") or 0.0)
+    return stats.prefill_s - float(done.get("spent", stats.prefill_s))  # reused: the measured prefill - the restore
