@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("--methods wave-merged needs --adapter (a base model has nothing to merge)")
     methods = [m for m in METHODS if m in args.methods] if args.methods else \
         [m for m in METHODS if m != "wave-merged" or args.adapter]
-    wave = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens)
+    wave = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens,
+                     merge_adapter=False)
     merged = SlotWave(args.model, args.adapter, dtype=args.dtype, max_value_tokens=args.max_value_tokens,
                       merge_adapter=True) if "wave-merged" in methods else None
     formats = {m: SlotWave(args.model, args.adapter, **{"dtype": args.dtype, **kw},

@@ -66,7 +66,7 @@ def test_committed_adapter_loads_with_peft_and_answers_a_wave():
     from pipeline.payload import Payload
     from pipeline.sidecar.wave import SlotWave
 
-    wave = SlotWave(str(BASE), str(ADAPTER), dtype="float32")
+    wave = SlotWave(str(BASE), str(ADAPTER), dtype="float32", merge_adapter=False)
     assert isinstance(wave.model, PeftModel)
     request = read_jsonl(ROOT / "tests/fixtures/requests.jsonl")[0]  # get_weather(city="Paris", unit="fahrenheit")
     payload = wave.predict(request).payload

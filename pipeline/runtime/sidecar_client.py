@@ -25,6 +25,10 @@ import multiprocessing as mp
 import queue
 import time
 
+from ..sidecar.config import SidecarConfig
+
+DEFAULT_TIMEOUT_S = SidecarConfig.timeout_s  # a wave slower than this is dropped (`sidecar.timeout_s`)
+
 log = logging.getLogger("pipeline.runtime")
 
 
@@ -165,7 +169,7 @@ class Ready:
 
 class Sidecar:
     def __init__(self, wave=None, *, factory: str | None = None, factory_kwargs: dict | None = None,
-                 start_method: str | None = None, timeout_s: float = 30.0):
+                 start_method: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
         if (wave is None) == (factory is None):
             raise ValueError("Sidecar needs exactly one of wave= (a callable) or factory= ('module:function')")
         self.wave, self.factory, self.factory_kwargs = wave, factory, factory_kwargs

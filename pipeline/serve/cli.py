@@ -23,7 +23,7 @@ from pathlib import Path
 from pipeline.hardware import resolve_dtype
 from pipeline.io import InputError, looks_like_hub_id
 from pipeline.runtime.schedule import SCHEDULES, Schedule
-from pipeline.sidecar.factory import SIDECAR_KEYS
+from pipeline.sidecar.config import SidecarConfig
 from pipeline.recipes import load_recipe, section
 from pipeline.methods import METHOD_TABLE
 
@@ -73,7 +73,8 @@ class ServeConfig:
         if "target" not in sec:
             raise InputError(f"{where}: serve.target is required (a model folder)")
         cfg = cls(**sec)
-        section({"sidecar": cfg.sidecar}, "sidecar", SIDECAR_KEYS, f"{where} serve")
+        if cfg.sidecar:
+            SidecarConfig.from_section(cfg.sidecar, f"{where} serve.sidecar")
         from .protocol import TEMPLATE_RESERVED
         kw = cfg.chat_template_kwargs
         if not isinstance(kw, dict) or any(not isinstance(k, str) or k in TEMPLATE_RESERVED for k in kw):
@@ -101,7 +102,7 @@ def make_sidecar(cfg: ServeConfig, cores: list[int]):
         return None, cfg.method
     kwargs = {**sidecar_kwargs(cfg.sidecar, "serve.sidecar"), "cores": cores}
     return Sidecar(factory=FACTORY, factory_kwargs=kwargs, start_method="spawn",
-                   timeout_s=float(cfg.sidecar.get("timeout_s", 60))), "ooo"
+                   timeout_s=SidecarConfig.from_section(cfg.sidecar).timeout_s), "ooo"
 
 
 def warm_up(engine: Engine) -> None:

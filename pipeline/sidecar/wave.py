@@ -25,11 +25,13 @@ from __future__ import annotations
 import argparse
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
+from ..hardware import resolve_dtype
 from ..io import looks_like_hub_id
+from .config import DEFAULT_MAX_VALUE_TOKENS, SidecarConfig
 from .join import answer_json, join_answers, parse_answers
 from ..requests import stop_token_ids
 from ..schema import tool_params
@@ -45,7 +47,6 @@ class Cancelled(Exception):
 # forward without the output layer and the staged wave's first logits by index (`fill_cache`: each copied the output
 # embedding once).
 WAVE_REVISION = 4
-DEFAULT_MAX_VALUE_TOKENS = 32  # the longest slot values of the four benchmarks are ~25 tokens in SmolLM2's BPE
 
 
 @dataclass
@@ -240,14 +241,7 @@ def prepack_linears(model) -> int:
     return n
 
 
-QUANTIZE = ("int8",)  # `SlotWave(quantize=...)`: the wave's weight formats besides the model's own dtype
 INT8_KEEP = ("down_proj",)  # linears `quantize_linears` leaves out of int8 (by the last part of their name)
-
-
-def check_quantize(quantize, key: str = "quantize") -> None:
-    """A ValueError unless `quantize` is None or one of QUANTIZE (`key`: the setting's name in the message)."""
-    if quantize is not None and quantize not in QUANTIZE:
-        raise ValueError(f"{key}={quantize!r}: expected one of {list(QUANTIZE)} or null (the model's own dtype)")
 
 
 def quantize_linears(model, keep: tuple[str, ...] = INT8_KEEP) -> int:
@@ -255,14 +249,10 @@ def quantize_linears(model, keep: tuple[str, ...] = INT8_KEEP) -> int:
     channel, activations quantized per call, products in int8 (fbgemm / oneDNN, VNNI where the CPU has it), the output
     layer included; returns how many. The layers named in `keep` (default: the MLP's `down_proj`, whose input, the
     gated activation, carries the outliers one scale per call flattens) multiply in bf16 where the CPU has native bf16
-    (oneDNN-prepacked, `prepack_linears`), float32 elsewhere. Measured on the 2-core EPYC (AVX-512 BF16 + VNNI), the
-    0.5B sidecar pilot-3 on 24 requests, 2 threads: of 212 answers 207 are equal between float32 and bf16; every
-    linear in int8: 162 equal to bf16's (157 with one weight scale per tensor), 42 s against bf16's 59 s; all but
-    `down_proj` (in bf16): 195, 44 s. With one scale per tensor, `down_proj` left in float32: 190, 60 s; the output
-    layer left in float32 instead: 156, 60 s. `torch.ao.quantization.quantize_dynamic` is deprecated in favour of
-    torchao, whose `Int8DynamicActivationInt8WeightConfig` ran slower than bf16 there without
-    `torch.compile` (a 600-token prefill 4.0 s against 3.9 s, a decode step of 8 rows 0.55 s against 0.23 s; torch's
-    own: 2.3 s and 0.05 s), so this keeps torch's; its deprecation warning is silenced here. Raises where this torch
+    (oneDNN-prepacked, `prepack_linears`), float32 elsewhere: keeping `down_proj` out keeps most answers equal to
+    the float model's for a few percent of the speed (docs/experiments.md, "int8 wave"). torch's
+    `quantize_dynamic` is deprecated in favour of torchao, which ran slower than bf16 here without torch.compile,
+    so this keeps torch's; its deprecation warning is silenced here. Raises where this torch
     has no quantized CPU engine or a linear is not float32 on the CPU (load the model in float32)."""
     import warnings
 
@@ -314,37 +304,36 @@ class SlotWave:
     `early_stop`: a row leaves the batch as soon as its text is a whole answer (`rows.answer_complete`), without
     waiting for its stop token (false: only at the stop token or the cap). `prealloc`: the batch cache is
     preallocated and written in place (false: transformers' DynamicCache repeated per row, which copies the whole
-    cache at every step; kept for scripts/bench_wave.py's before/after). `required_values`: a row that asks for a
-    parameter its tool requires cannot answer `null` (`required_rows`; false: every row decodes freely).
-    `slot_tools`: a staged wave; the function row's suffix runs first and only the slots of the `slot_tools` tools
-    its first token ranks highest are decoded (`tools_to_ask`); None: every tool's slots (one stage).
-    `prefix_cache`: keep the prefix KV of recent waves, up to this many tokens in all (0: none), and start a wave
-    from the longest prefix another request shared with it (the system prompt and tool list a server sends with
-    every request), as the target's prefix cache does; never a request's own earlier wave (by its id), and only
-    within the request's `cache_salt` (a server's tenant: `PrefixCache`). `prepack`: the linear layers' weights are
-    reordered once for oneDNN (`prepack_linears`; CPU, bf16 / float32 only): a faster wave, the same answers up to
-    rounding; the model can no longer be trained or moved to another device. `quantize="int8"`: the linear layers but
-    `down_proj` multiply in int8 (`quantize_linears`; CPU only, loaded and merged in float32, so `dtype` must be
-    float32 or auto): a faster wave whose answers can differ from the float model's (judge them with `make
-    sidecar-eval`); it excludes `prepack`, which rewrites the same layers.
+    cache at every step; kept for scripts/bench_wave.py's before/after).
+    The wave's settings are `SidecarConfig`'s fields (pipeline/sidecar/config.py: one set of defaults for the worker,
+    eval, serve and sidecar-eval), given as `config=` and/or by name. What they do here: `required_values`: a row that
+    asks for a parameter its tool requires cannot answer `null` (`required_rows`). `slot_tools`: a staged wave; the
+    function row's suffix runs first and only the slots of the `slot_tools` tools its first token ranks highest are
+    decoded (`tools_to_ask`). `prefix_cache`: keep the prefix KV of recent waves, up to this many tokens in all, and
+    start a wave from the longest prefix another request shared with it (never a request's own earlier wave, and
+    only within the request's `cache_salt`: `PrefixCache`). `prepack`: the linear weights reordered once for oneDNN
+    (`prepack_linears`); the model can no longer be trained or moved. `quantize="int8"`: the linears but `down_proj`
+    in int8 (`quantize_linears`; loaded and merged in float32): answers can differ from the float model's (judge
+    them with `make sidecar-eval`).
     """
 
-    def __init__(self, model, adapter: str | Path | None = None, *, tokenizer=None,
-                 max_value_tokens: int = DEFAULT_MAX_VALUE_TOKENS, compact: bool | None = None, dtype="float32",
-                 chat_template_kwargs: dict | None = None, merge_adapter: bool = False, prune_finished: bool = True,
+    def __init__(self, model, adapter: str | Path | None = None, *, tokenizer=None, config: SidecarConfig | None = None,
+                 compact: bool | None = None, chat_template_kwargs: dict | None = None, prune_finished: bool = True,
                  stop_ids: list[int] | None = None, early_stop: bool = True, prealloc: bool = True,
-                 questions: str | None = None, required_values: bool = True, slot_tools: int | None = None,
-                 prefix_cache: int = 0, prepack: bool = False, quantize: str | None = None):
-        check_quantize(quantize)
-        if quantize is not None:
-            if prepack:
-                raise ValueError("quantize and prepack both rewrite the linear layers: set one of them")
-            if adapter is not None and not merge_adapter:
-                raise ValueError("quantize needs the adapter folded into the base weights (merge_adapter=True)")
-            if dtype not in ("auto", "float32") and str(dtype) != "torch.float32":
-                raise ValueError(f"quantize={quantize!r} runs on float32 activations; got dtype={dtype!r} "
-                                 "(use float32 or auto)")
-            dtype = "float32"
+                 questions: str | None = None, **settings):
+        try:  # the wave's settings: `config` (default SidecarConfig()) with `settings` (its field names) on top
+            cfg = replace(config or SidecarConfig(), **settings)
+        except TypeError:
+            raise ValueError(f"SlotWave: unknown setting(s) {sorted(set(settings) - SidecarConfig.keys())}; expected "
+                             f"SidecarConfig's fields {sorted(SidecarConfig.keys())}") from None
+        cfg.validate()
+        if cfg.quantize is not None and adapter is not None and not cfg.merge_adapter:
+            raise ValueError("sidecar.quantize needs the adapter folded into the base weights (merge_adapter: true)")
+        self.config = cfg
+        dtype = "float32" if cfg.quantize else resolve_dtype(cfg.dtype, cfg.device)
+        merge_adapter, max_value_tokens, prepack = cfg.merge_adapter, cfg.max_value_tokens, cfg.prepack
+        required_values, slot_tools, prefix_cache, quantize = (cfg.required_values, cfg.slot_tools, cfg.prefix_cache,
+                                                                cfg.quantize)
         if isinstance(model, (str, Path)):
             self.model, self.tokenizer = load_sidecar(model, adapter, dtype, merge_adapter)
         else:
@@ -362,14 +351,12 @@ class SlotWave:
         self.compact, self.chat_template_kwargs, self.questions = prompt_settings(adapter, compact, chat_template_kwargs,
                                                                                   questions)
         self.prune_finished, self.early_stop, self.prealloc = prune_finished, early_stop, prealloc
-        self.prepacked = prepack_linears(self.model) if prepack else 0
+        if cfg.device != "cpu":
+            self.model.to(cfg.device)
+        self.prepacked = prepack_linears(self.model) if prepack and cfg.device == "cpu" else 0
         self.quantized = quantize_linears(self.model) if quantize else 0
         self.required_values = bool(required_values)
-        if slot_tools is not None and int(slot_tools) < 1:
-            raise ValueError(f"slot_tools={slot_tools!r}: expected a number of tools >= 1, or None for all")
         self.slot_tools = None if slot_tools is None else int(slot_tools)
-        if int(prefix_cache or 0) < 0:
-            raise ValueError(f"prefix_cache={prefix_cache!r}: expected a number of tokens >= 0 (0: no prefix cache)")
         from ..runtime.target import PrefixCache
 
         self.prefixes = PrefixCache(max_tokens=int(prefix_cache)) if prefix_cache else None

@@ -30,14 +30,15 @@ from ..recipes import load_recipe, section
 from ..requests import load_requests
 from ..eval.runner import ALL_METHODS, PEERS, HFPeers, Runner, variant, variants
 from ..runtime.schedule import WAVE_CHUNK
+from ..sidecar.config import SidecarConfig
 from ..sidecar.factory import FACTORY, sidecar_kwargs
 
 KNOWN = {"run", "out", "requests_root", "split", "benchmarks", "targets", "methods", "sidecar", "assistant",
-         "schedules", "max_new_tokens", "hf_pld_tokens", "threads", "sidecar_timeout_s", "warmup", "seed",
+         "schedules", "max_new_tokens", "hf_pld_tokens", "threads", "warmup", "seed",
          "prefix_cache", "tree_budget", "prefill_once", "drop_busy_rows", "prefill_chunk", "wave_chunk",
          "layer_switch"}
 DEFAULTS = {"out": "eval/results", "requests_root": "data/requests", "split": "test", "schedules": ["adaptive"],
-            "max_new_tokens": 256, "hf_pld_tokens": 10, "threads": None, "sidecar_timeout_s": 60.0,
+            "max_new_tokens": 256, "hf_pld_tokens": 10, "threads": None,
             "methods": list(ALL_METHODS), "sidecar": None, "assistant": None, "warmup": True, "seed": 0,
             "prefix_cache": True, "tree_budget": "auto", "prefill_once": True, "drop_busy_rows": True,
             "prefill_chunk": None, "wave_chunk": WAVE_CHUNK, "layer_switch": False}
@@ -128,7 +129,7 @@ def run(cfg: dict, recipe: dict) -> Path:
                 sidecar = {"factory": FACTORY, "kwargs": sidecar_kwargs(sc, "eval.sidecar")}
             runner = Runner(target, tmethods, run=cfg["run"], schedules=cfg["schedules"], sidecar=sidecar,
                             peers=peers, max_new_tokens=cfg["max_new_tokens"], seed=cfg["seed"],
-                            threads=cfg["threads"], sidecar_timeout_s=cfg["sidecar_timeout_s"],
+                            threads=cfg["threads"], sidecar_timeout_s=SidecarConfig.from_section(sc or {}).timeout_s,
                             tree_budget=cfg["tree_budget"], prefill_once=cfg["prefill_once"],
                             prefill_chunk=cfg["prefill_chunk"], wave_chunk=cfg["wave_chunk"],
                             layer_switch=switch)

@@ -1,6 +1,6 @@
 """The `sidecar_eval` stage: run the sidecar's wave on requests and score it by benchmark (`make sidecar-eval`).
 
-Run as: python -m pipeline.stages.sidecar_eval --recipe recipes/sidecar/smollm2-135m-cpu.yaml [sidecar_eval.limit=25]
+Run as: python -m pipeline.stages.sidecar_eval --recipe recipes/sidecar/smollm2-135m-cpu-v9.yaml [sidecar_eval.limit=25]
 
 Reads the `sidecar_eval:` section of a sidecar recipe; the adapter is the one the recipe trains (`sft.output_dir`,
 else checkpoints/sidecar/<recipe>) unless `sidecar_eval.adapter` names another (a recipe without `train:` runs the
@@ -26,7 +26,7 @@ import argparse
 import glob
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..artifacts import seal
@@ -35,6 +35,7 @@ from ..io import InputError, ResumableJsonl, atomic_open, dumps, iter_jsonl, sha
 from ..recipes import load_recipe, section
 from ..eval.report import BUSY_FOREIGN_CORES as BUSY_CORES
 from ..requests import load_requests
+from ..sidecar.config import SidecarConfig
 from ..sidecar.accuracy import (adapter_of, base_model_of, load_labels, markdown_table, misses_table, prediction_row,
                                 reference_call, reparse_row, request_misses, row_prediction, score_request, summarize)
 
@@ -42,22 +43,15 @@ BACKENDS = ("transformers", "vllm")
 
 
 @dataclass
-class SidecarEvalConfig:
-    requests: list[str]                     # request JSONL files (globs allowed)
+class SidecarEvalConfig(SidecarConfig):
+    """The wave's settings (`SidecarConfig`: model, adapter, dtype, merge_adapter, slot_tools, quantize, ...; the
+    same names and defaults as a recipe's `sidecar:` section) and what to judge it on."""
+    requests: list[str] = field(default_factory=list)  # request JSONL files (globs allowed); required
     limit: int | None = None                # evenly spaced requests per file (None: all)
-    adapter: str | None = None              # default: the adapter this recipe trains (none without `train:`)
-    model: str | None = None                # default: the adapter's base model
     teacher: str | None = None              # judge by <data_dir>/labels/<teacher>/ where a request has a label
     data_dir: str = "data"
     out: str | None = None                  # default: <adapter>/sidecar_eval
     backend: str = "transformers"           # or vllm (all of a batch's waves in one generate call)
-    max_value_tokens: int = 32              # decode cap per slot answer
-    dtype: str = "float32"
-    merge_adapter: bool = True              # fold LoRA into the base weights (transformers), as the runtime's worker does
-    required_values: bool = True            # a required parameter's answer cannot be null, as the runtime's worker does
-    slot_tools: int | None = None           # staged wave: only the slots of the top-N tools of the function row
-    quantize: str | None = None             # int8: the wave's linear layers in int8 (CPU, float32 otherwise), as a
-                                            # recipe's sidecar.quantize runs it; null: the model's dtype
     tool_block: str | None = None           # compact | full; default: as the adapter was trained
     chat_template_kwargs: dict | None = None  # default: as the adapter was trained
     batch: int = 64                         # requests per generate call (vllm)
@@ -81,13 +75,13 @@ def resolve(recipe: dict, where_: str = "recipe") -> SidecarEvalConfig:
         raise InputError(f"{where_}: sidecar_eval.backend={cfg.backend!r}; expected one of {BACKENDS}")
     if cfg.tool_block not in (None, "compact", "full"):
         raise InputError(f"{where_}: sidecar_eval.tool_block={cfg.tool_block!r}; expected compact or full")
+    if "timeout_s" in sec:
+        raise InputError(f"{where_}: sidecar_eval.timeout_s: sidecar-eval waits for every wave (a server's setting)")
+    try:
+        cfg.validate()
+    except ValueError as err:
+        raise InputError(f"{where_}: {err}".replace("sidecar.", "sidecar_eval.")) from None
     if cfg.quantize is not None:
-        from ..sidecar.wave import check_quantize
-
-        try:
-            check_quantize(cfg.quantize, "sidecar_eval.quantize")
-        except ValueError as err:
-            raise InputError(f"{where_}: {err}") from None
         if cfg.backend != "transformers":
             raise InputError(f"{where_}: sidecar_eval.quantize runs on the transformers backend only (backend is "
                              f"{cfg.backend!r})")
@@ -148,8 +142,9 @@ def out_dir(cfg: SidecarEvalConfig) -> Path:
 def fingerprint(cfg: SidecarEvalConfig) -> str:
     """What the predictions depend on: a change starts them afresh."""
     fields = {k: getattr(cfg, k) for k in FINGERPRINT_KEYS}
-    if cfg.quantize is not None:  # only when set: predictions made before the key existed keep their fingerprint
-        fields["quantize"] = cfg.quantize
+    for key in ("quantize", "prepack"):  # only when set: predictions made before the key existed keep their fingerprint
+        if getattr(cfg, key):
+            fields[key] = getattr(cfg, key)
     text = json.dumps(fields, sort_keys=True)
     weights = [p for p in (Path(cfg.adapter or "-") / n for n in ("adapter_model.safetensors", "adapter_model.bin"))
                if p.is_file()]
@@ -170,9 +165,9 @@ def make_wave(cfg: SidecarEvalConfig):
         return VllmWave(cfg.model, cfg.adapter, **kwargs)
     from ..sidecar.wave import SlotWave
 
-    return SlotWave(cfg.model, cfg.adapter, dtype="float32" if cfg.quantize else cfg.dtype,
-                    merge_adapter=bool(cfg.merge_adapter and cfg.adapter), slot_tools=cfg.slot_tools,
-                    quantize=cfg.quantize, **kwargs)
+    settings = {k: getattr(cfg, k) for k in SidecarConfig.keys()}
+    settings["merge_adapter"] = bool(cfg.merge_adapter and cfg.adapter)
+    return SlotWave(cfg.model, cfg.adapter, config=SidecarConfig(**settings), **kwargs)
 
 
 def predict(cfg: SidecarEvalConfig, requests: list[dict], preds_path: Path) -> dict[str, dict]:

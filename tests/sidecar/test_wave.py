@@ -128,7 +128,7 @@ def test_wave_with_adapter_from_folders_equals_rows_alone(tmp_path):
     tok.save_pretrained(adapter)
     (adapter / "recipe.yaml").write_text("train:\n  compact: true\n  chat_template_kwargs: {}\n")
 
-    wave = SlotWave(base_dir, adapter, dtype="float64", max_value_tokens=CAP)
+    wave = SlotWave(base_dir, adapter, dtype="float64", max_value_tokens=CAP, merge_adapter=False)
     assert isinstance(wave.model, PeftModel)
     prefix, suffixes, _ = wave_inputs(wave.tokenizer, REQUESTS[0])
     rows = wave.run(prefix, suffixes)[0]
@@ -136,7 +136,7 @@ def test_wave_with_adapter_from_folders_equals_rows_alone(tmp_path):
     assert all(is_greedy_alone(wave.model, prefix, s, t, wave.stop_ids) for s, t in zip(suffixes, rows))
     plain = SlotWave(base_dir, dtype="float64", max_value_tokens=CAP)
     assert plain.run(prefix, suffixes)[0] != rows  # the adapter is really applied
-    merged = SlotWave(base_dir, adapter, dtype="float64", max_value_tokens=CAP, merge_adapter=True)
+    merged = SlotWave(base_dir, adapter, dtype="float64", max_value_tokens=CAP)
     assert not isinstance(merged.model, PeftModel) and merged.model.dtype == torch.float64
     assert merged.run(prefix, suffixes)[0] == rows  # folded into the weights: the same greedy answers
 

@@ -28,8 +28,8 @@ def recipe(root, methods, run="r"):
                      "benchmarks": {"fixture": 2},
                      "targets": [{"name": "tiny", "path": str(root / "tiny-qwen2"), "dtype": "float64"}],  # exact: the budget picks trees by timing
                      "methods": methods, "schedules": ["adaptive", "colocated"], "max_new_tokens": 12,
-                     "sidecar": {"model": str(root / "tiny-qwen2"), "dtype": "float32", "max_value_tokens": 4},
-                     "assistant": {"path": str(root / "tiny-llama")}, "sidecar_timeout_s": 120,
+                     "sidecar": {"model": str(root / "tiny-qwen2"), "dtype": "float32", "max_value_tokens": 4, "timeout_s": 120},
+                     "assistant": {"path": str(root / "tiny-llama")},
                      "drop_busy_rows": False}}  # a test's timings are not the point: keep rows a busy machine flags
     path = root / f"{run}-{len(methods)}.yaml"
     path.write_text(json.dumps(text))  # JSON is YAML

@@ -188,14 +188,15 @@ def test_the_adapter_is_merged_as_in_the_runtime_unless_told_otherwise(monkeypat
     sidecar_eval.make_wave(sidecar_eval.resolve(recipe))
     sidecar_eval.make_wave(sidecar_eval.resolve({"sidecar_eval": {**recipe["sidecar_eval"], "merge_adapter": False}}))
     sidecar_eval.make_wave(sidecar_eval.resolve({"sidecar_eval": {"requests": ["r.jsonl"], "model": "m"}}))
-    assert [kw["merge_adapter"] for _, kw in made] == [True, False, False]  # nothing to merge without an adapter
+    assert [kw["config"].merge_adapter for _, kw in made] == [True, False, False]  # nothing to merge without an adapter
     merged, unmerged = (sidecar_eval.SidecarEvalConfig(requests=[], model="m", merge_adapter=m) for m in (True, False))
     assert sidecar_eval.fingerprint(merged) != sidecar_eval.fingerprint(unmerged)  # predictions are redone
 
 
 def test_an_int8_wave_is_judged_as_the_runtime_runs_it(monkeypatch):
-    """`sidecar_eval.quantize: int8` builds the wave as a recipe's `sidecar.quantize` does (float32, int8 linears);
-    its predictions get their own fingerprint, while those made before the key existed keep theirs."""
+    """`sidecar_eval.quantize: int8` builds the wave with the same `SidecarConfig` a recipe's `sidecar.quantize` gives
+    the worker (SlotWave loads it in float32: tests/sidecar/test_wave.py); its predictions get their own fingerprint,
+    while those made before the key existed keep theirs."""
     import pipeline.sidecar.wave as wave_mod
 
     made = []
@@ -203,7 +204,7 @@ def test_an_int8_wave_is_judged_as_the_runtime_runs_it(monkeypatch):
     recipe = {"sidecar_eval": {"requests": ["r.jsonl"], "model": "m", "adapter": "a", "dtype": "auto"}}
     sidecar_eval.make_wave(sidecar_eval.resolve({"sidecar_eval": {**recipe["sidecar_eval"], "quantize": "int8"}}))
     sidecar_eval.make_wave(sidecar_eval.resolve(recipe))
-    assert [(kw["quantize"], kw["dtype"]) for kw in made] == [("int8", "float32"), (None, "auto")]
+    assert [(kw["config"].quantize, kw["config"].dtype) for kw in made] == [("int8", "auto"), (None, "auto")]
     plain = sidecar_eval.SidecarEvalConfig(requests=[], model="m")
     int8 = sidecar_eval.SidecarEvalConfig(requests=[], model="m", quantize="int8")
     assert sidecar_eval.fingerprint(plain) != sidecar_eval.fingerprint(int8)
