@@ -5,8 +5,8 @@ Run as: python -m pipeline.artifacts check            (what tests/test_artifacts
 
 The chain needs more CPU-hours than one session, and everything git ignores dies with the machine, so these outputs
 are committed (whitelisted in .gitignore): the target's traces (`data/traces/<teacher>/`), the CPU sidecar adapter
-(`checkpoints/sidecar/<recipe>/`, with its `sidecar_eval/`), the eval rows and reports (`eval/results/<run>/`,
-`eval/reports/<name>/`). Every stage that writes one *seals* it when it stops (finished or not): the folder's
+(`checkpoints/sidecar/<recipe>/`, with its `sidecar_eval/`), the eval rows and reports (`eval/results/<run>/`).
+Every stage that writes one *seals* it when it stops (finished or not): the folder's
 manifest.json gains `files`, the sha256 and size of each file in it (a subfolder with a manifest of its own is sealed
 on its own). `check` fails when a tracked artifact file is not in its nearest manifest, or its bytes changed since,
 or the artifacts pass the size budget.
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from .io import read_json, sha256_file, write_json
 
-ROOTS = ("data/traces", "checkpoints/sidecar", "eval/results", "eval/reports")
-BUDGET_MB = 80.0  # the guide: tracked tree under ~80 MB (60 until sidecar v5; each adapter folder is ~17 MB)
+ROOTS = ("data/traces", "checkpoints/sidecar", "eval/results")
+BUDGET_MB = 32.0  # the whole tracked tree stays under 40 MB; an adapter folder is ~20 MB, the full eval run ~2 MB
 SKIP = ("manifest.json", "*.partial", "checkpoint-*", ".*", "training_args.bin")  # never sealed: in flight,
 # resumable or pickled trainer state, hidden files
 

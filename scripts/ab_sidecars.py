@@ -2,7 +2,7 @@
 
 Run as: .venv/bin/python scripts/ab_sidecars.py --name ab16t-s17 \
             --sidecar v9=checkpoints/sidecar/smollm2-135m-cpu-v9 \
-            --sidecar pilot3=checkpoints/sidecar/qwen2.5-coder-0.5b-cpu-pilot-3 [--rounds 2] \
+            --sidecar q05=checkpoints/sidecar/qwen2.5-coder-0.5b-cpu [--rounds 2] \
             [--sidecar v9st1=checkpoints/sidecar/smollm2-135m-cpu-v9,eval.sidecar.slot_tools=1] \
             [--recipe recipes/eval/sidecar-ab.yaml] [--copy-from eval/results/<run>] [eval.key=value ...]
         .venv/bin/python scripts/ab_sidecars.py --table eval/results/<run> eval/results/<run> ...   (print only)
