@@ -193,8 +193,8 @@ class Runner:
                           for s in {s for _, s in self.variants}}
         self.peers, self.tree_budget, self.prefill_once = peers, tree_budget, prefill_once
         self.prefill_chunk = prefill_chunk
-        if prefill_once:
-            target.memo = PrefillMemo()
+        if prefill_once:  # a target with its own KV store (llama.cpp) makes its own memo
+            target.memo = target.make_memo() if hasattr(target, "make_memo") else PrefillMemo()
         self.sidecars: dict[str, Sidecar] = {}
         needs = [s for m, s in self.variants if uses_sidecar(m)]
         if needs and not sidecar:
