@@ -72,7 +72,7 @@ class LlamaCppPeers:
             draft = LlamaPromptLookupDecoding(num_pred_tokens=self.pld_tokens)
         elif method == "llama-draft":
             if not self.draft_gguf:
-                raise ValueError("method llama-draft needs a draft model's GGUF (eval.assistant.path: its model folder, "
+                raise ValueError("method llama-draft needs a draft model GGUF (eval.assistant.path: its model folder, "
                                  "or eval.assistant.gguf)")
             draft = _greedy_draft_class()(self.draft_gguf, self.draft_tokens, self.n_ctx, threads)
         else:

@@ -270,7 +270,8 @@ class Runner:
             usage = cpu_usage(before, cpu_sample())
             w1 = worker_cpu_s(worker)
             usage["sidecar_cpu_s"] = w1 - w0 if w0 is not None and w1 is not None else None
-            row = {"key": key, "run": self.run_name, "target": self.target.name, "benchmark": benchmark,
+            row = {"key": key, "run": self.run_name, "target": self.target.name,
+                   "backend": getattr(self.target, "backend", "transformers"), "benchmark": benchmark,
                    "request_id": request["id"], "method": method, "schedule": schedule,
                    "variant": variant(method, schedule), "threads": len(self.schedules[schedule].cores),
                    "gold": request.get("gold", []), "gold_accept": request.get("gold_accept")}

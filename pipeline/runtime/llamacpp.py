@@ -86,6 +86,7 @@ class LlamaCppTarget:
     """A GGUF in one llama.cpp context + the base folder's tokenizer. Not thread-safe; one request at a time."""
 
     tree = True
+    backend = "llamacpp"
 
     def __init__(self, gguf: str | Path, tokenizer, generation_config=None, name: str | None = None,
                  chat_template_kwargs: dict | None = None, prefix_cache: bool | int = True, n_ctx: int = 16384,
