@@ -120,6 +120,7 @@ def test_prefix_cache_and_memo_reuse_equal_a_cold_prefill(random_target, request
     from pipeline.runtime.llamacpp import SeqPrefixCache
 
     t = random_target
+    t.prefix_cache.clear()  # earlier tests' entries give their sequences back
     t.prefix_cache = SeqPrefixCache(t, 2048, min_tokens=4)
     ids = t.prompt_ids(requests[2])
     prompt, root = ids[:-1], ids[-1]
@@ -156,7 +157,9 @@ def test_chunked_prefill_sets_threads_between_chunks(random_target, requests):
     calls = []
     t.prefill(prompt, prefix_cache=False, chunk=7, between=lambda: (calls.append(1), t.set_threads(1)))
     assert len(calls) == -(-len(prompt) // 7) - 1
-    np.testing.assert_allclose(t.logits(build_tree(root, [], 4, 4)), cold, rtol=1e-4, atol=1e-4)
+    # llama.cpp's CPU kernels round differently for a 7-token batch than for a whole prompt (measured: 4e-3 at
+    # most on logits of magnitude ~10); the decode tests compare outputs of the same chunking, so they stay exact
+    np.testing.assert_allclose(t.logits(build_tree(root, [], 4, 4)), cold, rtol=0, atol=2e-2)
 
 
 def test_cost_curve_measures_the_llamacpp_target(random_target):
