@@ -10,7 +10,7 @@ PIP := $(VENV)/bin/pip
 TORCH_CPU ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup test lint smoke data traces labels vllm-traces train train-deepspeed-check sidecar-eval bench-wave \
+.PHONY: setup setup-llamacpp test lint smoke data traces labels vllm-traces train train-deepspeed-check sidecar-eval bench-wave \
 	bench-runtime bench-prefill profile-train eval report upload models vllm-setup serve bench-serve soak
 
 setup: $(VENV)/.setup-done
@@ -23,6 +23,17 @@ $(VENV)/.setup-done: pyproject.toml
 	# BFCL's Java/JavaScript categories come from the bfcl-eval wheel (its pinned deps are heavy: --no-deps).
 	$(PIP) install --no-deps bfcl-eval
 	touch $@
+
+# The llama.cpp target backend (the extra `llamacpp`: llama-cpp-python, compiled from its sdist, ~12 min on 2 cores).
+# Not part of `make setup`; eval and serve install it when their recipe names `backend: llamacpp`.
+setup-llamacpp: $(VENV)/.llamacpp-done
+
+$(VENV)/.llamacpp-done: $(VENV)/.setup-done
+	$(PIP) install -e '.[llamacpp]'
+	touch $@
+
+# setup-llamacpp when the recipe $(1) has a target on the llama.cpp backend
+llamacpp_for = $(if $(shell grep -qsE '^\s*backend:\s*llamacpp' $(1) && echo y),setup-llamacpp)
 
 test: setup
 	$(PY) -m pytest -q
@@ -88,7 +99,7 @@ profile-train: setup
 
 # targets x benchmarks x methods -> eval/results/<run>/ (rows, summary, plots). GPU: RECIPE=recipes/eval/gpu-paper.yaml
 EVAL ?= recipes/eval/cpu.yaml
-eval: setup
+eval: setup $(call llamacpp_for,$(or $(RECIPE),$(EVAL)))
 	$(PY) -m pipeline.stages.eval --recipe $(or $(RECIPE),$(EVAL)) $(ARGS)
 
 # Re-render a run's report from its rows: make report RUN=eval/results/cpu
@@ -100,7 +111,7 @@ upload: setup
 	$(PY) -m pipeline.stages.upload --adapter $(ADAPTER) --repo $(REPO) $(ARGS)
 
 # OpenAI-compatible server over the speculative runtime (README, "Serving"): make serve [RECIPE=recipes/serve/tiny.yaml]
-serve: setup
+serve: setup $(call llamacpp_for,$(or $(RECIPE),recipes/serve/qwen2.5-coder-1.5b-cpu.yaml))
 	$(PY) -m pipeline.serve --recipe $(or $(RECIPE),recipes/serve/qwen2.5-coder-1.5b-cpu.yaml) $(ARGS)
 
 # Fault-injection soak on loopback (tiny recipe by default; ARGS="-n 2000 --clients 16"); fails on a lost or hung request

@@ -39,7 +39,12 @@ METHODS = tuple(METHOD_TABLE)
 PEERS = {
     "hf-pld": "transformers prompt-lookup decoding (prompt_lookup_num_tokens)",
     "hf-assisted": "transformers assisted generation with a small draft model (universal path across tokenizers)",
+    "llama-pld": "llama-cpp-python's LlamaPromptLookupDecoding (10 tokens a step)",
+    "llama-draft": "llama-cpp-python's speculation with a small draft model's GGUF (greedy drafts)",
 }
+# peer -> the target backend it runs on (its row needs that backend's target; pipeline/runtime/backend.py)
+PEER_BACKENDS = {"hf-pld": "transformers", "hf-assisted": "transformers", "llama-pld": "llamacpp",
+                 "llama-draft": "llamacpp"}
 ALL_METHODS = tuple(METHOD_TABLE) + tuple(PEERS)
 
 
@@ -70,5 +75,5 @@ def hint_outcome(error: str | None, ready_s: float | None, tokens: int | None) -
     return "used" if tokens else "ready-unused"
 
 
-__all__ = ["hint_outcome", "Method", "METHOD_TABLE", "METHODS", "PEERS", "ALL_METHODS", "variant", "upper_bound",
-           "HINT", "SCHEMA", "HISTORY", "LOOKUP", "EXTRA", "REALIGN", "HINT_BITS"]
+__all__ = ["hint_outcome", "Method", "METHOD_TABLE", "METHODS", "PEERS", "PEER_BACKENDS", "ALL_METHODS", "variant",
+           "upper_bound", "HINT", "SCHEMA", "HISTORY", "LOOKUP", "EXTRA", "REALIGN", "HINT_BITS"]

@@ -171,6 +171,94 @@ def build_tiny_serving_model(path: str | Path) -> Path:
     return Path(path)
 
 
+class ScriptDrafter:
+    """Proposes the true continuation (ar's tokens) as a tree, corrupted in a cycle of ways."""
+
+    def __init__(self, script):
+        self.script, self.rounds = script, 0
+
+    def propose(self, ctx):
+        at = len(ctx.output)
+        true = self.script[at:at + 6]
+        if not true:
+            return []
+        bad = lambda i: true[:i] + [true[i] + 1] + true[i + 1:] if i < len(true) else true  # noqa: E731
+        mode, self.rounds = self.rounds % 4, self.rounds + 1
+        if mode == 0:
+            return [true]                        # full accept: a chain, cropped
+        if mode == 1:
+            return [bad(2)]                      # partial accept: the rejected tail is cropped
+        if mode == 2:
+            return [bad(0), bad(1), bad(3), true]  # the right path is the last branch: KV gathered into place
+        return []                                # nothing to verify: a plain decode step
+
+
+def teach(model, examples: list[tuple[list[int], list[int]]], steps: int = 300, lr: float = 5e-3) -> None:
+    """Train a tiny model in place to answer each (prompt ids, answer ids) example (loss on the answer only), so that
+    greedy decoding writes real tool calls (the hint tests: a random model writes none)."""
+    import torch
+
+    seqs = []
+    for prompt, answer in examples:
+        ids = torch.tensor([list(prompt) + list(answer)])
+        labels = ids.clone()
+        labels[0, :len(prompt)] = -100  # learn the answer only
+        seqs.append((ids, labels))
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for step in range(steps):
+        ids, labels = seqs[step % len(seqs)]
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def write_gguf(model, tokenizer, path: str | Path) -> Path:
+    """A tiny Qwen2 transformers model as an F32 GGUF that llama.cpp loads: its weights under llama.cpp's tensor names
+    (the gguf package's own map) and the byte-level BPE tokenizer (tokens, merges, special tokens as control)."""
+    import gguf
+    import numpy as np
+
+    cfg = model.config
+    if cfg.model_type != "qwen2":
+        raise ValueError(f"write_gguf writes Qwen2 models; got {cfg.model_type!r}")
+    arch = gguf.MODEL_ARCH.QWEN2
+    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    rope = getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 1e6)
+    writer.add_rope_freq_base(float(rope))
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    by_id = {i: t for t, i in tokenizer.get_vocab().items()}
+    special = set(tokenizer.all_special_ids)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list([by_id[i] for i in range(len(tokenizer))])
+    writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
+                            for i in range(len(tokenizer))])
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_eos_token_id(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    writer.add_pad_token_id(tokenizer.pad_token_id)
+    writer.add_add_bos_token(False)
+    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    for name, tensor in model.state_dict().items():
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")),
+                          np.ascontiguousarray(tensor.detach().float().numpy(), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
 def resolve_sidecar_recipe(path: str | Path, recipe: dict | None = None) -> dict:
     """`stages.train.resolve` of one sidecar recipe, for the tests that resolve every recipe in the repo. A recipe that
     continues an adapter no longer in the tree (`train.init_adapter`; v4's v3 lives in git history only) must fail

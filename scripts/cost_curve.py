@@ -1,9 +1,12 @@
 """What one target forward of k tree tokens costs on this machine, and the tree sizes the budget then chooses.
 
 Run as: python scripts/cost_curve.py --model checkpoints/base/qwen2.5-coder-1.5b-instruct [--dtype auto float32 bfloat16]
-            [--threads 2] [--past 512] [--replay eval/results/cpu/rows.jsonl | data/traces/<teacher>/dev.jsonl]
+            [--backend transformers llamacpp] [--gguf FILE] [--threads 2] [--past 512]
+            [--replay eval/results/cpu/rows.jsonl | data/traces/<teacher>/dev.jsonl]
 
-Prints the measured curve per dtype beside the AVX2-only AMD EPYC curves measured elsewhere (docs/architecture.md,
+`--backend llamacpp` measures the llama.cpp target on the GGUF the model folder was converted from (`--gguf` for
+another one); each backend's curve is a row, so both backends on the same CPU sit side by side. Prints the measured
+curve per backend and dtype beside the AVX2-only AMD EPYC curves measured elsewhere (docs/architecture.md,
 "Tree budget"), and for each curve the tree size the budget (pipeline/runtime/budget.py) chooses for a typical
 candidate tree at several
 acceptance rates. With --replay, the recorded `ar` outputs of an eval run are replayed through `toolspec` with each
@@ -93,7 +96,9 @@ def replay(rows_path: Path, curves: dict[str, CostCurve], tokenizer_path: str, l
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--dtype", nargs="+", default=["auto"])
+    ap.add_argument("--dtype", nargs="+", default=["auto"], help="transformers dtypes (llama.cpp: the GGUF's own)")
+    ap.add_argument("--backend", nargs="+", default=["transformers"], choices=["transformers", "llamacpp"])
+    ap.add_argument("--gguf", default=None, help="llamacpp: the GGUF (default: the model folder's source GGUF)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--past", type=int, default=512)
     ap.add_argument("--reps", type=int, default=3)
@@ -104,17 +109,20 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from pipeline.runtime import Target
+    from pipeline.runtime.backend import load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)
     print(json.dumps(machine(threads=torch.get_num_threads())))
     curves = {}
-    for dtype in args.dtype:
-        target = Target.load(args.model, dtype=dtype)
-        curve = target.calibrate(past=args.past, reps=args.reps, cache=args.curve_only)
-        curves[f"here {resolve_dtype(dtype)}"] = curve
-        del target
+    for backend in args.backend:
+        kinds = args.dtype if backend == "transformers" else ["gguf"]
+        for dtype in kinds:
+            kw = {"dtype": dtype} if backend == "transformers" else {"gguf": args.gguf, "threads": args.threads}
+            target = load_target(backend, args.model, **kw)
+            curve = target.calibrate(past=args.past, reps=args.reps, cache=args.curve_only)
+            curves[f"here {backend} {resolve_dtype(dtype) if backend == 'transformers' else target.gguf.name}"] = curve
+            del target
     curves.update(AVX2_CURVES)
     print(f"\none forward of k tree tokens after a {args.past}-token cache, seconds:")
     ks = (1, 2, 4, 8, 16, 32)

@@ -576,9 +576,13 @@ def render(run_dir: str | Path, n_boot: int = 1000, drop_busy: bool = True) -> d
         summary["git_commit"] = extra.get("git_commit")
         summary["cost_curves"] = {t: {"sizes": c["sizes"], "seconds": c["seconds"]}
                                   for t, c in (extra.get("cost_curves") or {}).items()}
+    from . import backends
+
+    summary["vs_llamacpp_ar"] = backends.versus_llamacpp_ar(clean, n_boot)
     write_json(run_dir / "summary.json", summary)
     with atomic_open(run_dir / "summary.md") as f:
         f.write(to_markdown(summary, title=f"Eval {run_dir.name}"))
+        f.write("\n".join(backends.markdown(summary["vs_llamacpp_ar"])) + "\n" if summary["vs_llamacpp_ar"] else "")
     with atomic_open(run_dir / "summary.csv") as f:
         f.write(to_csv(summary))
     plot(summary, rows, run_dir)

@@ -193,8 +193,8 @@ class Runner:
                           for s in {s for _, s in self.variants}}
         self.peers, self.tree_budget, self.prefill_once = peers, tree_budget, prefill_once
         self.prefill_chunk = prefill_chunk
-        if prefill_once:
-            target.memo = PrefillMemo()
+        if prefill_once:  # a target with its own KV store (llama.cpp) makes its own memo
+            target.memo = target.make_memo() if hasattr(target, "make_memo") else PrefillMemo()
         self.sidecars: dict[str, Sidecar] = {}
         needs = [s for m, s in self.variants if uses_sidecar(m)]
         if needs and not sidecar:
@@ -270,7 +270,8 @@ class Runner:
             usage = cpu_usage(before, cpu_sample())
             w1 = worker_cpu_s(worker)
             usage["sidecar_cpu_s"] = w1 - w0 if w0 is not None and w1 is not None else None
-            row = {"key": key, "run": self.run_name, "target": self.target.name, "benchmark": benchmark,
+            row = {"key": key, "run": self.run_name, "target": self.target.name,
+                   "backend": getattr(self.target, "backend", "transformers"), "benchmark": benchmark,
                    "request_id": request["id"], "method": method, "schedule": schedule,
                    "variant": variant(method, schedule), "threads": len(self.schedules[schedule].cores),
                    "gold": request.get("gold", []), "gold_accept": request.get("gold_accept")}

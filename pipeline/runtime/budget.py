@@ -75,8 +75,9 @@ class CostCurve:
 
     @classmethod
     def measure(cls, target, past: int = 512, reps: int = 3, sizes: tuple[int, ...] = SIZES) -> CostCurve:
-        """Time one forward of k tree tokens after a `past`-token cache on `target` (fastest of `reps`)."""
-        vocab = target.model.config.vocab_size
+        """Time one verify of k tree tokens after a `past`-token cache on `target` (fastest of `reps`); any backend
+        of the `TargetBackend` protocol (transformers, llama.cpp)."""
+        vocab = len(target.tokenizer)
         ids = [(i * 7919) % min(vocab - 1, 30000) + 1 for i in range(past)]
         target.prefill(ids, prefix_cache=False)  # a synthetic prompt: never stored for real requests
         out = []
@@ -89,9 +90,9 @@ class CostCurve:
                     depths[i] = depths[parents[i]] + 1
                 tree = Tree(tokens=ids[:k], parents=parents, depths=depths, sources=[0] * k)
                 t0 = time.perf_counter()
-                target.logits(tree)
+                target.verify(tree)  # what a round pays: the forward and the argmax of every node
                 times.append(time.perf_counter() - t0)
-                target.cache.crop(-k)
+                target.drop(k)
             out.append(min(times))  # other work on the machine only ever adds time: the minimum is the cost
         return cls(tuple(sizes), tuple(out[1:]), {"past": past, "reps": reps})
 

@@ -137,14 +137,25 @@ class PrefixCache:
         if len(ids) < self.min_tokens or len(ids) > self.max_tokens:
             return
         toks = tuple(ids)
-        self.entries = [e for e in self.entries if (e[0], e[2]) != (toks, salt)]
-        layers = [(layer.keys[..., :len(ids), :].clone(), layer.values[..., :len(ids), :].clone())
-                  for layer in cache.layers]
-        self.entries.append((toks, key, salt, layers))
+        for e in [e for e in self.entries if (e[0], e[2]) == (toks, salt)]:
+            self.entries.remove(e)
+            self.dropped(e[3])
+        self.entries.append((toks, key, salt, self.kept(ids, cache)))
         while sum(len(e[0]) for e in self.entries) > self.max_tokens:
-            self.entries.pop(0)
+            self.dropped(self.entries.pop(0)[3])
+
+    def kept(self, ids: list[int], cache):
+        """What an entry holds of `cache` for `ids`: here copies of the per-layer keys/values (a backend whose KV
+        lives elsewhere, e.g. llama.cpp's sequences, overrides this and `dropped`)."""
+        return [(layer.keys[..., :len(ids), :].clone(), layer.values[..., :len(ids), :].clone())
+                for layer in cache.layers]
+
+    def dropped(self, held) -> None:
+        """An entry's `kept` value leaves the store (evicted, replaced or cleared)."""
 
     def clear(self) -> None:
+        for e in self.entries:
+            self.dropped(e[3])
         self.entries.clear()
 
 
@@ -168,12 +179,25 @@ class PrefillMemo:
         if key is None:
             return
         if key != self.key:
-            self.key, self.entries = key, {}
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
-        self.entries[(tuple(ids), threads)] = {"layers": layers, "seconds": seconds, "cpu_s": cpu_s,
+            self.clear()
+            self.key = key
+        old = self.entries.get((tuple(ids), threads))
+        if old is not None:
+            self.dropped(old["state"])
+        self.entries[(tuple(ids), threads)] = {"state": self.kept(ids, cache), "seconds": seconds, "cpu_s": cpu_s,
                                                "cached": cached}
 
+    def kept(self, ids: list[int], cache):
+        """What an entry holds of `cache`: the per-layer (keys, values) tensors themselves (a llama.cpp target keeps
+        a KV sequence instead and overrides this and `dropped`)."""
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
+    def dropped(self, state) -> None:
+        """An entry's `kept` value is forgotten (a new request's key, or `clear`)."""
+
     def clear(self) -> None:
+        for entry in self.entries.values():
+            self.dropped(entry["state"])
         self.key, self.entries = None, {}
 
 
@@ -267,7 +291,7 @@ class Target:
         self.cache = DynamicCache(config=self.model.config)
         hit = self.memo.get(key, ids, threads) if reuse and self.memo is not None else None
         if hit is not None:
-            for i, (k, v) in enumerate(hit["layers"]):
+            for i, (k, v) in enumerate(hit["state"]):
                 self.cache.update(k, v, i)
             self.cached_tokens = hit["cached"]
             self.memo.hits += 1
@@ -324,6 +348,14 @@ class Target:
     def verify(self, tree: Tree) -> list[int]:
         """The target's greedy next token after every node of the tree (one forward)."""
         return self.logits(tree).argmax(-1).tolist()
+
+    def drop(self, n: int) -> None:
+        """Forget the last `n` cache entries (the cost curve rewinds after each timed forward)."""
+        self.cache.crop(-n)
+
+    def make_memo(self) -> PrefillMemo:
+        """A fresh `PrefillMemo` for this target (the eval's runner sets one per run)."""
+        return PrefillMemo()
 
     @torch.inference_mode()
     def keep(self, tree_len: int, nodes: list[int]) -> None:

@@ -37,6 +37,9 @@ SERVABLE = tuple(m for m, spec in METHOD_TABLE.items() if not spec.upper_bound) 
 @dataclass
 class ServeConfig:
     target: str                          # model folder (or a Hub id on machines that can download)
+    backend: str = "transformers"        # transformers | llamacpp (llama.cpp over the folder's source GGUF; the
+                                         # extra `llamacpp`: make setup-llamacpp)
+    gguf: str | None = None              # llamacpp: the GGUF (default: the one `make models` converted the folder from)
     dtype: str = "auto"                  # auto: bfloat16 where native (AVX-512 BF16 / AMX / GPU), else float32
     device: str = "cpu"
     attn: str | None = None              # attention implementation; eager / sdpa verify token trees
@@ -119,24 +122,32 @@ def warm_up(engine: Engine) -> None:
 
 
 def build_engine(cfg: ServeConfig) -> Engine:
-    from pipeline.runtime import Target
+    from pipeline.runtime.backend import BACKENDS, load_target
 
+    if cfg.backend not in BACKENDS:
+        raise InputError(f"serve.backend {cfg.backend!r}; expected one of {sorted(BACKENDS)}")
     if not _exists(cfg.target):
         raise InputError(f"serve.target {cfg.target!r} not found: build it first (`make models` for the CPU "
                          "targets, `python -m pipeline.testing DIR` for a tiny random one)")
     schedule = Schedule.on(cfg.schedule, layer_switch=cfg.layer_switch)
     sidecar, method = make_sidecar(cfg, schedule.sidecar_cores)
     t0 = time.perf_counter()
-    target = Target.load(cfg.target, dtype=resolve_dtype(cfg.dtype, cfg.device), device=cfg.device, attn=cfg.attn,
-                         prefix_cache=cfg.prefix_cache, chat_template_kwargs=cfg.chat_template_kwargs)
+    kw = {"attn": cfg.attn} if cfg.backend == "transformers" else {"gguf": cfg.gguf}
+    try:
+        target = load_target(cfg.backend, cfg.target, dtype=resolve_dtype(cfg.dtype, cfg.device), device=cfg.device,
+                             prefix_cache=cfg.prefix_cache, chat_template_kwargs=cfg.chat_template_kwargs, **kw)
+    except (FileNotFoundError, ValueError) as e:  # no GGUF, a GGUF that does not load, a device llama.cpp lacks
+        raise InputError(f"serve.target {cfg.target!r} (backend {cfg.backend}): {e}") from e
     target.set_threads(schedule.threads(None))
     if cfg.tree_budget == "auto":
         curve = target.calibrate()
         log.info("cost curve (s per forward of %s tree tokens): %s", list(curve.sizes),
                  [round(x, 3) for x in curve.seconds])
-    log.info("target %s loaded in %.1f s (%s, method %s)", cfg.target, time.perf_counter() - t0, target.dtype, method)
+    log.info("target %s loaded in %.1f s (%s, method %s)", cfg.target, time.perf_counter() - t0,
+             getattr(target, "dtype", cfg.backend), method)
     engine = Engine(target, method, sidecar, model_name=cfg.model_name or Path(cfg.target).name,
-                    queue_size=cfg.queue_size, max_tokens=cfg.max_tokens, max_context=cfg.max_context,
+                    queue_size=cfg.queue_size, max_tokens=cfg.max_tokens,
+                    max_context=cfg.max_context or getattr(target, "max_context", None),
                     call_format=cfg.call_format, schedule=schedule, prefill_chunk=cfg.prefill_chunk,
                     request_timeout_s=cfg.request_timeout_s, shared_history=cfg.shared_history,
                     history_tenants=cfg.history_tenants, history_outputs=cfg.history_outputs,

@@ -6,9 +6,12 @@ For every target, every benchmark's test requests (evenly spaced with an optiona
 (pipeline/eval/runner.py: every variant warmed up, shuffled per request, timed from arrival, baselines on every core,
 `ooo` under each of `eval.schedules`); one row per (target, benchmark, request, variant) is appended to
 `eval/results/<run>/rows.jsonl` (a rerun skips finished rows), then the report (`pipeline.eval.report`) is rendered from
-the rows. Methods: the runtime's table (`pipeline.runtime.loop.METHOD_TABLE`) and two transformers peers in the same
-process on the same target: prompt-lookup decoding (`hf-pld`) and assisted generation with a small draft model
-(`hf-assisted`; the universal path with `assistant_tokenizer` when the tokenizers differ).
+the rows. Methods: the runtime's table (`pipeline.runtime.loop.METHOD_TABLE`) and the peers of the target's backend
+in the same process: on transformers prompt-lookup decoding (`hf-pld`) and assisted generation with a small draft model
+(`hf-assisted`; the universal path with `assistant_tokenizer` when the tokenizers differ); on llama.cpp
+llama-cpp-python's prompt lookup (`llama-pld`) and draft-model speculation with the assistant's GGUF (`llama-draft`).
+A target's `backend` (transformers, the default, or llamacpp) picks its `TargetBackend` (pipeline/runtime/backend.py);
+a llamacpp target reads the GGUF `make models` verified (its folder's manifest; `gguf:` names another file).
 The manifest records the machine (CPU model and flags, torch's CPU capability, dtype, threads) and each target's
 measured cost curve, the tree budget's input.
 """
@@ -25,7 +28,7 @@ from tqdm import tqdm
 from ..hardware import available_cores, machine, resolve_dtype
 from ..artifacts import seal
 from ..io import InputError, ResumableJsonl, interrupt_on_sigterm, read_json, write_manifest
-from ..methods import uses_sidecar
+from ..methods import PEER_BACKENDS, uses_sidecar
 from ..recipes import load_recipe, section
 from ..requests import load_requests
 from ..eval.runner import ALL_METHODS, PEERS, HFPeers, Runner, variant, variants
@@ -60,6 +63,7 @@ def benchmark_requests(cfg: dict) -> dict[str, list[dict]]:
 
 def resolve(recipe: dict, where: str = "recipe") -> dict:
     """The `eval:` section with defaults, checked: known keys, methods, schedules, targets and benchmarks present."""
+    from ..runtime.backend import BACKENDS
     from ..runtime.schedule import SCHEDULES
 
     cfg = {**DEFAULTS, **section(recipe, "eval", known=KNOWN, where=where)}
@@ -74,17 +78,19 @@ def resolve(recipe: dict, where: str = "recipe") -> dict:
     if bad:
         raise InputError(f"{where}: eval.schedules: unknown {bad}; expected some of {SCHEDULES}")
     for i, t in enumerate(cfg["targets"]):
-        extra = sorted(set(t) - {"name", "path", "dtype", "device", "chat_template_kwargs"})
+        extra = sorted(set(t) - {"name", "path", "dtype", "device", "chat_template_kwargs", "backend", "gguf"})
         if not {"name", "path"} <= set(t) or extra:
             raise InputError(f"{where}: eval.targets[{i}] needs name and path (and may set dtype, device, "
-                             f"chat_template_kwargs); got {sorted(t)}")
+                             f"chat_template_kwargs, backend, gguf); got {sorted(t)}")
+        if t.get("backend", "transformers") not in BACKENDS:
+            raise InputError(f"{where}: eval.targets[{i}].backend {t['backend']!r}; expected one of {sorted(BACKENDS)}")
     if "ooo" in cfg["methods"] and not cfg.get("sidecar"):
         raise InputError(f"{where}: eval.methods has 'ooo' but eval.sidecar is not set (model, adapter)")
     return cfg
 
 
 def run(cfg: dict, recipe: dict) -> Path:
-    from ..runtime import Target
+    from ..runtime.backend import load_target
 
     run_dir = Path(cfg["out"]) / cfg["run"]
     methods = list(cfg["methods"])
@@ -115,15 +121,15 @@ def run(cfg: dict, recipe: dict) -> Path:
             decoded = True
             torch.set_num_threads(cfg["threads"] or len(available_cores()))
             dtype = resolve_dtype(tcfg.get("dtype", "auto"), tcfg.get("device", "cpu"))
-            target = Target.load(tcfg["path"], dtype=dtype, device=tcfg.get("device", "cpu"),
-                                 chat_template_kwargs=tcfg.get("chat_template_kwargs"),
-                                 prefix_cache=cfg["prefix_cache"])
+            backend = tcfg.get("backend", "transformers")
+            kw = {"threads": cfg["threads"] or len(available_cores())} if backend == "llamacpp" else {}
+            target = load_target(backend, tcfg["path"], dtype=dtype, device=tcfg.get("device", "cpu"),
+                                 gguf=tcfg.get("gguf"), chat_template_kwargs=tcfg.get("chat_template_kwargs"),
+                                 prefix_cache=cfg["prefix_cache"], **kw)
             target.name = tname
             if cfg["tree_budget"] == "auto":
                 curves[tname] = target.calibrate().as_dict()
-            peers = None
-            if set(tmethods) & set(PEERS):
-                peers = HFPeers(target, (cfg.get("assistant") or {}).get("path"), dtype, cfg["hf_pld_tokens"])
+            peers = make_peers(cfg, backend, target, dtype) if set(tmethods) & set(PEERS) else None
             sidecar = None
             if sc and "ooo" in tmethods:
                 sidecar = {"factory": FACTORY, "kwargs": sidecar_kwargs(sc, "eval.sidecar")}
@@ -193,11 +199,26 @@ def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None, l
 
 
 def target_methods(cfg: dict, tcfg: dict) -> list[str]:
-    """The methods run on one target: a peer that would draft with the target itself (hf-assisted whose assistant
-    is this target) is not run."""
+    """The methods run on one target: the peers of its backend only, and no peer that would draft with the target
+    itself (an assistant that is this target)."""
     assistant = (cfg.get("assistant") or {}).get("path")
     same = assistant and Path(assistant).resolve() == Path(tcfg["path"]).resolve()
-    return [m for m in cfg["methods"] if not (m == "hf-assisted" and same)]
+    backend = tcfg.get("backend", "transformers")
+    return [m for m in cfg["methods"] if not (m in ("hf-assisted", "llama-draft") and same)
+            and PEER_BACKENDS.get(m, backend) == backend]
+
+
+def make_peers(cfg: dict, backend: str, target, dtype):
+    """The peers of the target's backend: transformers' (`HFPeers`) or llama-cpp-python's (`LlamaCppPeers`, its
+    draft model the assistant's GGUF: `eval.assistant.gguf`, else the assistant folder's source GGUF)."""
+    assistant = cfg.get("assistant") or {}
+    if backend == "transformers":
+        return HFPeers(target, assistant.get("path"), dtype, cfg["hf_pld_tokens"])
+    from ..eval.llamacpp_peers import LlamaCppPeers
+    from ..runtime.backend import gguf_of
+
+    draft = assistant.get("gguf") or (gguf_of(assistant["path"]) if assistant.get("path") else None)
+    return LlamaCppPeers(target, draft, cfg["hf_pld_tokens"])
 
 
 def sidecar_identity(sc: dict) -> dict:

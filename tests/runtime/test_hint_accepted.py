@@ -43,33 +43,23 @@ def fenced(call: dict) -> str:
     return "```json\n" + json.dumps(call, indent=2) + "\n```"
 
 
+def answers(target, reqs) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, the fenced gold call + end of turn) per request: what the tiny target is taught to answer."""
+    eos = target.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return [(target.prompt_ids(req), target.tokenizer.encode(fenced(req["gold"][0]), add_special_tokens=False) + [eos])
+            for req in reqs]
+
+
 @pytest.fixture(scope="module")
 def caller(tok, requests):
     """(target, requests) where the target's greedy answer to the request is its gold call, fenced."""
-    from pipeline.testing import make_tiny_model
+    from pipeline.testing import make_tiny_model, teach
 
     torch.manual_seed(0)
     model, _ = make_tiny_model("qwen2", tokenizer=tok, dtype=torch.float64)
     target = Target(model, tok, name="tiny-caller", prefix_cache=False)
     reqs = requests[:1] + [EMAIL]
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    seqs = []
-    for req in reqs:
-        prompt = target.prompt_ids(req)
-        answer = tok.encode(fenced(req["gold"][0]), add_special_tokens=False) + [eos]
-        ids = torch.tensor([prompt + answer])
-        labels = ids.clone()
-        labels[0, :len(prompt)] = -100  # learn the answer only
-        seqs.append((ids, labels))
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    for step in range(STEPS):
-        ids, labels = seqs[step % len(seqs)]
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
+    teach(model, answers(target, reqs), STEPS)
     for req in reqs:
         ar = generate(target, req, "ar", max_new_tokens=MAX)
         assert ar.text == fenced(req["gold"][0]), f"the tiny target did not learn its call: {ar.text!r}"

@@ -14,31 +14,9 @@ from pipeline.runtime import METHODS, Ready, Sidecar, generate
 from pipeline.runtime.drafters import History
 from pipeline.payload import gold_payload
 from pipeline.runtime.replay import ReplayTarget
-from pipeline.testing import tiny_target
+from pipeline.testing import ScriptDrafter, tiny_target
 
 N = 20  # new tokens per request: enough for several rounds, small enough for a fast suite
-
-
-class ScriptDrafter:
-    """Proposes the true continuation (ar's tokens) as a tree, corrupted in a cycle of ways."""
-
-    def __init__(self, script):
-        self.script, self.rounds = script, 0
-
-    def propose(self, ctx):
-        at = len(ctx.output)
-        true = self.script[at:at + 6]
-        if not true:
-            return []
-        bad = lambda i: true[:i] + [true[i] + 1] + true[i + 1:] if i < len(true) else true  # noqa: E731
-        mode, self.rounds = self.rounds % 4, self.rounds + 1
-        if mode == 0:
-            return [true]                        # full accept: a chain, cropped
-        if mode == 1:
-            return [bad(2)]                      # partial accept: the rejected tail is cropped
-        if mode == 2:
-            return [bad(0), bad(1), bad(3), true]  # the right path is the last branch: KV gathered into place
-        return []                                # nothing to verify: a plain decode step
 
 
 def _check(res, ref):
