@@ -200,6 +200,13 @@ def render(call: dict, fmt: CallFormat) -> str:
     return fmt.prefix + text + fmt.suffix
 
 
+def opening_matches(tokenizer, call: dict, fmt: CallFormat, output: str) -> bool | None:
+    """Whether the call rendered in `fmt` (the hint's first rendering) starts with the token the target wrote first;
+    None for an empty output."""
+    wrote = encode(tokenizer, output)[:1]
+    return wrote == encode(tokenizer, render(call, fmt))[:1] if wrote else None
+
+
 def seam_tokens(tokenizer, committed: list[int], text: str, tail: int = 4) -> list[int]:
     """Target tokens for `text` continuing `committed` (see the module docstring)."""
     if not text:
