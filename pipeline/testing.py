@@ -116,7 +116,7 @@ def make_tiny_model(family: str = "qwen2", tokenizer=None, seed: int = 0, dtype=
 
     tokenizer = tokenizer or make_tokenizer()
     config = make_config(family, vocab_size=len(tokenizer), **config_kw)
-    config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config.eos_token_id = tokenizer.eos_token_id  # <|im_end|> for the tiny tokenizer, a family's own for fixtures
     config.pad_token_id = tokenizer.pad_token_id
     config.bos_token_id = None
     torch.manual_seed(seed)

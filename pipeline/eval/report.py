@@ -218,6 +218,7 @@ def summarize(rows: list[dict], n_boot: int = 1000) -> dict:
     out["mean_decode_over_cells"] = {v: round(statistics.fmean(x), 3) for v, x in per_variant_dec.items()}
     out["cells_per_variant"] = {v: len(x) for v, x in per_variant.items()}
     out["upper_bounds"] = {v: round(statistics.fmean(x), 3) for v, x in per_bound.items()}
+    out["targets"] = target_formats(rows)
     out["per_target"] = per_target_means(out["cells"])
     out["claim"] = claim(out["cells"], out["per_target"])
     return out
@@ -268,6 +269,21 @@ PER_TARGET_KEYS = {  # per-target mean over benchmarks of these cell figures (a 
     "hint_share": "hint_share_of_draft",
     "sidecar_cpu_s": "sidecar_cpu_s_mean", "hint_before_first_value": "hint_before_first_value",
     "identical_to_ar": "identical_to_ar"}
+
+
+def target_formats(rows: list[dict]) -> dict[str, dict]:
+    """target -> its family, vocabulary size, call format and how often the hint's first rendering matched the
+    token the target wrote first (from the `ar` rows that record them; rows of older runs have none)."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        if r.get("method") != "ar" or "family" not in r:
+            continue
+        t = out.setdefault(r["target"], {"family": r["family"], "vocab_size": r["vocab_size"],
+                                         "call_format": r["call_format"], "matched": 0, "n": 0})
+        if r.get("hint_opening_match") is not None:
+            t["n"] += 1
+            t["matched"] += bool(r["hint_opening_match"])
+    return out
 
 
 def per_target_means(cells: list[dict]) -> dict[str, dict[str, dict]]:
@@ -385,6 +401,13 @@ def to_markdown(summary: dict, title: str = "") -> str:
                   + " |", "|---|" + "---|" * len(next(iter(summary["cost_curves"].values()))["sizes"])]
         for t, c in summary["cost_curves"].items():
             lines.append(f"| {t} | " + " | ".join(f"{x:.3f}" for x in c["seconds"]) + " |")
+    if summary.get("targets"):
+        lines += ["", "## Targets (family, vocabulary, the call format the hint renders first)", "",
+                  "| target | family | vocabulary | call format (opening, arguments key) | hint's first token = target's |",
+                  "|---|---|---|---|---|"]
+        for name, t in summary["targets"].items():
+            rate = f"{t['matched']}/{t['n']}" if t["n"] else "-"
+            lines.append(f"| {name} | {t['family']} | {t['vocab_size']} | `{t['call_format']}` | {rate} |")
     lines += ["", "## Target tool-call accuracy (ar output vs gold)", "", "| target | benchmark | accuracy | n |",
               "|---|---|---|---|"]
     for cell in summary["cells"]:

@@ -35,6 +35,8 @@ import time
 
 from ..hardware import cpu_sample, cpu_usage
 from ..runtime import Sidecar, generate, warm_up
+from ..runtime.families import tokenizer_family
+from ..runtime.hint import call_formats, opening_matches
 from ..methods import ALL_METHODS, PEERS, uses_sidecar, variant
 from ..runtime.schedule import WAVE_CHUNK, Schedule
 
@@ -62,6 +64,16 @@ def token_digest(ids: list[int], stop_ids: set[int]) -> str:
     while ids and ids[-1] in stop_ids:
         ids.pop()
     return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
+def target_call_format(target, request: dict, text: str) -> dict:
+    """For an `ar` row: the target's family, vocabulary size and template call format, and whether the hint's first
+    rendering of the gold call (the first call format) starts with the token the target wrote first."""
+    formats = call_formats(target.tokenizer, getattr(target, "chat_template_kwargs", None))
+    gold = (request.get("gold") or [None])[0]
+    return {"family": tokenizer_family(target.tokenizer).name, "vocab_size": len(target.tokenizer),
+            "call_format": f"{formats[0].prefix!r} {formats[0].args_key}",
+            "hint_opening_match": opening_matches(target.tokenizer, gold, formats[0], text) if gold else None}
 
 
 def first_value_s(text: str, token_texts: list[str], prefill_s: float, decode_s: float) -> float | None:
@@ -300,6 +312,7 @@ class Runner:
                            hint_other_tokens=st.hint_other_tokens, payload_bytes=st.payload_bytes,
                            hint_error=st.hint_error, sidecar_cpu_s=st.sidecar_cpu_s)
                 if method == "ar":
+                    row.update(target_call_format(self.target, request, out.text))
                     pieces = [self.target.decode([t]) for t in out.token_ids]
                     row["first_value_s"] = first_value_s(out.text, pieces, st.prefill_s, st.decode_s)
             # the machine while this row ran: measured wall/CPU (a reused prefill is not in them), load and steal

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import islice
 
+from pipeline.parsers import ARG_ALIASES
 from pipeline.payload import payload_bytes
 from pipeline.schema import tool_name, tool_params
 
 from .continuation import Arr, Choice, Obj, Open, Writer, continue_at
-from .hint import CallFormat, call_formats, hint_calls, openings, render, seam_tokens, suffix_for
+from .hint import CallFormat, args_key_for, call_formats, hint_calls, openings, render, seam_tokens, spell, suffix_for
 from ..jsonscan import JsonPos, scan
 
 log = logging.getLogger("pipeline.runtime")
@@ -130,7 +131,9 @@ class History:
             self.index.extend(seq)
         pos = scan(text) if text is not None else None
         if pos is not None and pos.calls and pos.style.indent is not None:
-            self.seen[CallFormat("observed", pos.prefix, pos.suffix, pos.style.variants()[0])] += 1
+            keys = pos.root.keys if pos.root is not None else []
+            key = next((k for k in keys if k in ARG_ALIASES), "arguments")  # the key the target wrote
+            self.seen[CallFormat("observed", pos.prefix, pos.suffix, pos.style.variants()[0], key)] += 1
 
     def formats(self, base: list[CallFormat]) -> list[CallFormat]:
         """The observed formats first, then `base` (without repeats)."""
@@ -287,21 +290,21 @@ class RealignDrafter:
 def propose_structural(ctx: Context, skeletons: list, formats: list[CallFormat], max_cands: int,
                        realign: bool = False) -> list[list[int]]:
     """Continuations of the output towards each skeleton, from its JSON position, as token candidates (realign:
-    see `continue_at`; for known values only)."""
+    see `continue_at`; for known values only). Skeletons spell their arguments key as the call's format does."""
     pos, texts = ctx.pos, []
     if pos.state == "start":
         for fmt, rest in openings(ctx.text, formats):
             for sk in skeletons:
                 texts += [(rest + t + (fmt.suffix if done else ""), done)
-                          for t, done in continue_from_start(sk, fmt)]
+                          for t, done in continue_from_start(spell(sk, fmt.args_key), fmt)]
     elif pos.state == "done":
         suffix = suffix_for(pos.prefix, formats)
         if suffix.startswith(pos.suffix):
             texts.append((suffix[len(pos.suffix):], True))
     else:
-        suffix = suffix_for(pos.prefix, formats)
+        suffix, key = suffix_for(pos.prefix, formats), args_key_for(pos.prefix, formats)
         for style in pos.style.variants():
-            for sk in skeletons:
+            for sk in (spell(s, key) for s in skeletons):
                 texts += [(t + (suffix if done else ""), done) for t, done in continue_at(pos, sk, style, realign=realign)]
     out: list[list[int]] = []
     for text, done in dict.fromkeys(texts):

@@ -218,3 +218,13 @@ def test_means_over_different_cells_say_so():
     md = to_markdown(s)
     assert "not comparable" in md and "| ooo | 1 |" in md
     assert "not comparable" not in to_markdown(summarize(ROWS, n_boot=20))
+
+
+def test_target_formats_line_counts_the_hint_opening_matches():
+    from pipeline.eval.report import target_formats
+
+    base = {"method": "ar", "target": "t", "family": "llama3", "vocab_size": 6008, "call_format": "'' parameters"}
+    rows = [dict(base, hint_opening_match=True), dict(base, hint_opening_match=False),
+            dict(base, hint_opening_match=None), {"method": "ar", "target": "old"}, dict(base, method="ooo")]
+    assert target_formats(rows) == {"t": {"family": "llama3", "vocab_size": 6008, "call_format": "'' parameters",
+                                          "matched": 1, "n": 2}}
