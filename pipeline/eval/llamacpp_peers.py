@@ -55,7 +55,9 @@ class LlamaCppPeers:
     """llama-cpp-python's `Llama` with a draft model, per peer method, over the llama.cpp target's GGUF."""
 
     def __init__(self, target, draft_gguf: str | Path | None = None, pld_tokens: int = 10, draft_tokens: int = 8,
-                 n_ctx: int = 8192):
+                 n_ctx: int = 4096):
+        # n_ctx bounds prompt + output (the table's longest prompt is ~1,300 tokens); with a draft model the binding
+        # keeps every position's logits (logits_all): n_ctx x vocabulary floats, 2.5 GB for Qwen2.5 at 4096
         self.target, self.draft_gguf = target, draft_gguf
         self.pld_tokens, self.draft_tokens, self.n_ctx = pld_tokens, draft_tokens, n_ctx
         self.llms: dict[str, object] = {}

@@ -17,7 +17,7 @@ from .drafters import Context, HintDrafter, History, HistoryDrafter, PromptLooku
 from .hint import call_formats
 from .sidecar_client import Ready
 from .budget import TreeBudget
-from .target import Target
+from .backend import TargetBackend as Target  # transformers or llama.cpp (runtime/backend.py)
 from .verify import accept, best_chain, build_tree, truncate_at_stop
 from ..jsonscan import scan
 from ..methods import (EXTRA, HINT, HINT_BITS, HISTORY, LOOKUP, METHOD_TABLE, METHODS, REALIGN, SCHEMA,  # noqa: F401
@@ -114,7 +114,9 @@ DRAFTERS = {
 def _drafters(target: Target, request: dict, method: str, prompt: list[int], pending, arrived: float,
               history: History, validate: bool) -> list[tuple[object, int]]:
     keys = METHOD_TABLE[method].drafters
-    formats = history.formats(call_formats(target.tokenizer)) if keys else []
+    template_kwargs = {**(getattr(target, "chat_template_kwargs", None) or {}),  # as the prompt was rendered
+                       **(request.get("chat_template_kwargs") or {})}
+    formats = history.formats(call_formats(target.tokenizer, template_kwargs)) if keys else []
     made = [(DRAFTERS[k][1](target, request, prompt, pending, arrived, history, validate, formats), DRAFTERS[k][0])
             for k in keys]
     hint = next((d for d, _ in made if isinstance(d, HintDrafter)), None)
