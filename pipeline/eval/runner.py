@@ -108,12 +108,15 @@ class HFPeers:
         prefill is timed to the first new token (a streamer), the decode from there on."""
         import torch
 
-        t0 = time.perf_counter()  # the request arrives: templating and tokenization are timed, as for the runtime
+        from ..runtime.clock import clock_of
+
+        clock = clock_of(self.target)  # on a GPU: every timestamp after the queued kernels have finished
+        t0 = clock.now()  # the request arrives: templating and tokenization are timed, as for the runtime
         c0 = time.process_time()
         prompt = self.target.prompt_ids(request)
         ids = torch.tensor([prompt], device=self.target.device)
         stops = sorted(self.target.stop_ids)
-        first = _FirstToken()
+        first = _FirstToken(clock)
         kw = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
                   eos_token_id=stops, pad_token_id=self.target.tokenizer.pad_token_id or stops[0],
                   attention_mask=torch.ones_like(ids), streamer=first)
@@ -129,7 +132,7 @@ class HFPeers:
         self.forwards = 0
         with torch.no_grad():
             out = self.target.model.generate(ids, **kw)
-        end, c_end = time.perf_counter(), time.process_time()
+        end, c_end = clock.now(), time.process_time()
         t_first = first.at if first.at is not None else end
         c_first = first.cpu if first.cpu is not None else c_end
         new = out[0, len(prompt):].tolist()
@@ -143,13 +146,14 @@ class HFPeers:
 class _FirstToken:
     """A `generate` streamer that notes when the first new token came out (the prompt is its first `put`)."""
 
-    def __init__(self):
-        self.puts, self.at, self.cpu = 0, None, None
+    def __init__(self, clock=None):
+        self.puts, self.at, self.cpu, self.clock = 0, None, None, clock
 
     def put(self, value) -> None:
         self.puts += 1
         if self.puts == 2:
-            self.at, self.cpu = time.perf_counter(), time.process_time()
+            self.at = self.clock.now() if self.clock is not None else time.perf_counter()
+            self.cpu = time.process_time()
 
     def end(self) -> None:
         pass
