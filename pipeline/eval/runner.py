@@ -37,6 +37,7 @@ from ..hardware import cpu_sample, cpu_usage
 from ..runtime import Sidecar, generate, warm_up
 from ..methods import ALL_METHODS, PEERS, uses_sidecar, variant
 from ..runtime.schedule import WAVE_CHUNK, Schedule
+from ..runtime.sidecar_client import SidecarLoadError
 
 
 
@@ -211,7 +212,12 @@ class Runner:
                 self.sidecars[name] = Sidecar(factory=sidecar["factory"], start_method="spawn",
                                               timeout_s=sidecar_timeout_s,
                                               factory_kwargs={**sidecar.get("kwargs", {}), "cores": cores})
-            self.sidecars[name]._ensure()  # load the sidecar model before any clock starts
+        try:
+            for sc in self.sidecars.values():
+                sc.wait_loaded()  # the model loads before any clock starts; one that cannot load fails the run
+        except Exception:
+            self.close()
+            raise
 
     def sidecar_for(self, schedule: str) -> Sidecar | None:
         return self.sidecars.get(schedule)
@@ -225,8 +231,13 @@ class Runner:
             out = self._decode(request, method, schedule, done.get("ar"), max_new_tokens)
             done.setdefault(method, out)
 
-        warm_up(self.target, request, [functools.partial(decode, m, s) for m, s in self.variants],
-                self.sidecars.values())
+        for schedule, sc in self.sidecars.items():  # a wave that raises or kills its worker here would do so on
+            pending = sc.start(request)                  # every row: `ooo` measured as `toolspec` without saying so
+            pending.wait()                               # (an answer without a call, e.g. null, is a model's answer)
+            if pending.error is not None and (not sc.alive() or pending.error.startswith("sidecar wave failed")):
+                raise SidecarLoadError(f"ooo@{schedule}: the sidecar on device {sc.device()} failed its warm-up "
+                                       f"wave: {pending.error}")
+        warm_up(self.target, request, [functools.partial(decode, m, s) for m, s in self.variants])
 
     def _decode(self, request: dict, method: str, schedule: str, ar, max_new_tokens: int):
         sched = self.schedules[schedule]
