@@ -25,10 +25,12 @@ import itertools
 import json
 import logging
 import multiprocessing as mp
+import os
 import queue
 import time
 
 log = logging.getLogger("pipeline.runtime")
+PARENT_CHECK_S = 1.0  # an idle worker checks this often that its parent is alive (an orphan exits)
 
 
 def load_factory(spec: str):
@@ -60,8 +62,14 @@ def _worker(wave, factory, factory_kwargs, inbox, outbox, cancel_through) -> Non
             return
     outbox.put((None, "loaded", "", time.time(), None))  # `Sidecar.wait_loaded` returns on this
     checks = takes_cancelled(wave)
+    parent = os.getppid()
     while True:
-        item = inbox.get()
+        try:
+            item = inbox.get(timeout=PARENT_CHECK_S)
+        except queue.Empty:
+            if os.getppid() != parent:  # the parent died without closing us (SIGKILL, OOM killer): do not linger
+                return
+            continue
         if item is None:
             return
         rid, request = item
