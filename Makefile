@@ -11,7 +11,7 @@ TORCH_CPU ?= torch==2.13.0
 ARGS ?=
 
 .PHONY: setup test lint smoke data traces labels vllm-traces train train-deepspeed-check sidecar-eval bench-wave \
-	bench-runtime bench-prefill profile-train eval report upload models vllm-setup serve bench-serve soak
+	bench-runtime bench-prefill profile-train eval report upload models vllm-setup serve bench-serve soak gpu-check
 
 setup: $(VENV)/.setup-done
 
@@ -111,3 +111,8 @@ soak: setup
 # The server's HTTP overhead vs the same runtime in-process (ARGS="-n 4 --requests data/requests/bfcl/test.jsonl")
 bench-serve: setup
 	$(PY) scripts/bench_serve.py --recipe $(or $(RECIPE),recipes/serve/qwen2.5-coder-1.5b-cpu.yaml) $(ARGS)
+
+# The GPU path in one prepared run (README "Running on GPUs"): lossless on CUDA, the wave, LoRA bf16, the 7B-shaped
+# cost curve and a labelled projection of the committed table; one table. CPU CI: ARGS="--device cpu --quick"
+gpu-check: setup
+	$(PY) scripts/gpu_check.py $(ARGS)
