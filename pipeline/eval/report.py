@@ -23,6 +23,7 @@ import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from ..hardware import gpu_line
 from ..io import atomic_open, read_json, read_jsonl, write_json
 from ..methods import METHOD_TABLE, PEERS, upper_bound
 from ..methods import hint_outcome as outcome_of_hint
@@ -311,7 +312,7 @@ def machine_line(machine: dict | None) -> str:
     if not machine:
         return "Machine: not recorded (a run from before manifests named it)."
     cpu = machine.get("cpu") or {}
-    gpu = f", GPU {machine['gpu']}" if machine.get("gpu") else ""
+    gpu = f", {gpu_line(machine['gpu'])}" if machine.get("gpu") else ""
     return (f"Machine: {cpu.get('model', '?')}, {cpu.get('cores', '?')} cores, flags "
             f"{' '.join(cpu.get('flags') or []) or 'none of note'}, torch {machine.get('torch', '?')} CPU capability "
             f"{machine.get('torch_cpu_capability', '?')}{gpu}; dtype {machine.get('dtype', '?')}, "
@@ -563,7 +564,8 @@ def busy_summary(rows: list[dict]) -> dict:
     machines = Counter(" / ".join(str(x) for x in ((r.get("machine") or {}).get("cpu"),
                                                    " ".join((r.get("machine") or {}).get("flags") or []),
                                                    (r.get("machine") or {}).get("dtype"),
-                                                   f"torch {(r.get('machine') or {}).get('torch')}"))
+                                                   f"torch {(r.get('machine') or {}).get('torch')}",
+                                                   gpu_line((r.get("machine") or {}).get("gpu"))) if x != "")
                        for r in rows if r.get("machine"))
     util = defaultdict(list)
     for r in rows:

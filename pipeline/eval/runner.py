@@ -39,6 +39,7 @@ from ..runtime.families import tokenizer_family
 from ..runtime.hint import call_formats, opening_matches
 from ..methods import ALL_METHODS, PEERS, uses_sidecar, variant
 from ..runtime.schedule import WAVE_CHUNK, Schedule
+from ..runtime.sidecar_client import SidecarLoadError
 
 
 
@@ -120,12 +121,15 @@ class HFPeers:
         prefill is timed to the first new token (a streamer), the decode from there on."""
         import torch
 
-        t0 = time.perf_counter()  # the request arrives: templating and tokenization are timed, as for the runtime
+        from ..runtime.clock import clock_of
+
+        clock = clock_of(self.target)  # on a GPU: every timestamp after the queued kernels have finished
+        t0 = clock.now()  # the request arrives: templating and tokenization are timed, as for the runtime
         c0 = time.process_time()
         prompt = self.target.prompt_ids(request)
         ids = torch.tensor([prompt], device=self.target.device)
         stops = sorted(self.target.stop_ids)
-        first = _FirstToken()
+        first = _FirstToken(clock)
         kw = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
                   eos_token_id=stops, pad_token_id=self.target.tokenizer.pad_token_id or stops[0],
                   attention_mask=torch.ones_like(ids), streamer=first)
@@ -141,7 +145,7 @@ class HFPeers:
         self.forwards = 0
         with torch.no_grad():
             out = self.target.model.generate(ids, **kw)
-        end, c_end = time.perf_counter(), time.process_time()
+        end, c_end = clock.now(), time.process_time()
         t_first = first.at if first.at is not None else end
         c_first = first.cpu if first.cpu is not None else c_end
         new = out[0, len(prompt):].tolist()
@@ -155,13 +159,14 @@ class HFPeers:
 class _FirstToken:
     """A `generate` streamer that notes when the first new token came out (the prompt is its first `put`)."""
 
-    def __init__(self):
-        self.puts, self.at, self.cpu = 0, None, None
+    def __init__(self, clock=None):
+        self.puts, self.at, self.cpu, self.clock = 0, None, None, clock
 
     def put(self, value) -> None:
         self.puts += 1
         if self.puts == 2:
-            self.at, self.cpu = time.perf_counter(), time.process_time()
+            self.at = self.clock.now() if self.clock is not None else time.perf_counter()
+            self.cpu = time.process_time()
 
     def end(self) -> None:
         pass
@@ -219,7 +224,12 @@ class Runner:
                 self.sidecars[name] = Sidecar(factory=sidecar["factory"], start_method="spawn",
                                               timeout_s=sidecar_timeout_s,
                                               factory_kwargs={**sidecar.get("kwargs", {}), "cores": cores})
-            self.sidecars[name]._ensure()  # load the sidecar model before any clock starts
+        try:
+            for sc in self.sidecars.values():
+                sc.wait_loaded()  # the model loads before any clock starts; one that cannot load fails the run
+        except Exception:
+            self.close()
+            raise
 
     def sidecar_for(self, schedule: str) -> Sidecar | None:
         return self.sidecars.get(schedule)
@@ -233,8 +243,13 @@ class Runner:
             out = self._decode(request, method, schedule, done.get("ar"), max_new_tokens)
             done.setdefault(method, out)
 
-        warm_up(self.target, request, [functools.partial(decode, m, s) for m, s in self.variants],
-                self.sidecars.values())
+        for schedule, sc in self.sidecars.items():  # a wave that raises or kills its worker here would do so on
+            pending = sc.start(request)                  # every row: `ooo` measured as `toolspec` without saying so
+            pending.wait()                               # (an answer without a call, e.g. null, is a model's answer)
+            if pending.error is not None and (not sc.alive() or pending.error.startswith("sidecar wave failed")):
+                raise SidecarLoadError(f"ooo@{schedule}: the sidecar on device {sc.device()} failed its warm-up "
+                                       f"wave: {pending.error}")
+        warm_up(self.target, request, [functools.partial(decode, m, s) for m, s in self.variants])
 
     def _decode(self, request: dict, method: str, schedule: str, ar, max_new_tokens: int):
         sched = self.schedules[schedule]

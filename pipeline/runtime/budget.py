@@ -77,6 +77,9 @@ class CostCurve:
     def measure(cls, target, past: int = 512, reps: int = 3, sizes: tuple[int, ...] = SIZES) -> CostCurve:
         """Time one verify of k tree tokens after a `past`-token cache on `target` (fastest of `reps`); any backend
         of the `TargetBackend` protocol (transformers, llama.cpp)."""
+        from .clock import clock_of
+
+        clock = clock_of(target)  # on a GPU a forward returns at launch: read the time after the device finished
         vocab = len(target.tokenizer)
         ids = [(i * 7919) % min(vocab - 1, 30000) + 1 for i in range(past)]
         target.prefill(ids, prefix_cache=False)  # a synthetic prompt: never stored for real requests
@@ -89,9 +92,9 @@ class CostCurve:
                 for i in range(1, k):
                     depths[i] = depths[parents[i]] + 1
                 tree = Tree(tokens=ids[:k], parents=parents, depths=depths, sources=[0] * k)
-                t0 = time.perf_counter()
+                t0 = clock.now()
                 target.verify(tree)  # what a round pays: the forward and the argmax of every node
-                times.append(time.perf_counter() - t0)
+                times.append(clock.now() - t0)
                 target.drop(k)
             out.append(min(times))  # other work on the machine only ever adds time: the minimum is the cost
         return cls(tuple(sizes), tuple(out[1:]), {"past": past, "reps": reps})

@@ -12,6 +12,9 @@ raises `WaveCancelled` is reported as cancelled); `pending.poll()` returns the p
 once ready, else None; `pending.running()` says whether the wave is still in flight (the adaptive schedule gives the
 target the sidecar's core back the moment it answers); `pending.cpu_s` is the wave's CPU time (charged to the method that uses it). Timeouts, a worker that dies, exceptions and payloads that are not JSON set
 `pending.error` (logged by the caller) and the loop simply goes on without a hint.
+`sidecar.wait_loaded()` blocks until the worker has built its wave and raises `SidecarLoadError` (naming the device
+and the worker's error) when it cannot: the eval calls it so that a sidecar that fails to load stops the run instead
+of measuring `ooo` without a hint.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import itertools
 import json
 import logging
 import multiprocessing as mp
+import os
 import queue
 import time
 
@@ -30,6 +34,7 @@ from ..sidecar.config import SidecarConfig
 DEFAULT_TIMEOUT_S = SidecarConfig.timeout_s  # a wave slower than this is dropped (`sidecar.timeout_s`)
 
 log = logging.getLogger("pipeline.runtime")
+PARENT_CHECK_S = 1.0  # an idle worker checks this often that its parent is alive (an orphan exits)
 
 
 def load_factory(spec: str):
@@ -59,9 +64,16 @@ def _worker(wave, factory, factory_kwargs, inbox, outbox, cancel_through) -> Non
         except Exception as e:  # noqa: BLE001 - reported to the parent, which ignores the sidecar
             outbox.put((None, "error", f"sidecar factory failed: {e!r}", time.time(), None))
             return
+    outbox.put((None, "loaded", "", time.time(), None))  # `Sidecar.wait_loaded` returns on this
     checks = takes_cancelled(wave)
+    parent = os.getppid()
     while True:
-        item = inbox.get()
+        try:
+            item = inbox.get(timeout=PARENT_CHECK_S)
+        except queue.Empty:
+            if os.getppid() != parent:  # the parent died without closing us (SIGKILL, OOM killer): do not linger
+                return
+            continue
         if item is None:
             return
         rid, request = item
@@ -76,6 +88,10 @@ def _worker(wave, factory, factory_kwargs, inbox, outbox, cancel_through) -> Non
             outbox.put((rid, "cancelled", "", time.time(), time.process_time() - cpu0))
         except Exception as e:  # noqa: BLE001 - a failing wave is a missing hint, never a failed request
             outbox.put((rid, "error", repr(e), time.time(), time.process_time() - cpu0))
+
+
+class SidecarLoadError(RuntimeError):
+    """The worker could not build its wave (the factory raised, the process died, or it did not load in time)."""
 
 
 class Pending:
@@ -184,6 +200,8 @@ class Sidecar:
         self._started_at: float | None = None
         self._retry_at = 0.0                   # no new worker before this (back-off after quick deaths)
         self._quick = 0                        # deaths in a row within a minute of their start
+        self.loaded = False                    # the current worker has built its wave
+        self.load_error: str | None = None     # what the current worker's factory raised
 
     def _ensure(self) -> bool:
         """Start the worker if it is not running. A worker that died (or was stopped) within a minute of its start
@@ -205,9 +223,42 @@ class Sidecar:
         self._proc = self.ctx.Process(target=_worker, daemon=True,
                                       args=(self.wave, self.factory, self.factory_kwargs, self._inbox, self._outbox,
                                             self._cancel))
+        self.loaded, self.load_error = False, None
         self._proc.start()
         self._started_at = time.perf_counter()
         return True
+
+    def device(self) -> str:
+        """Where the wave runs (the factory's `device` argument; a wave callable runs on the CPU)."""
+        return str((self.factory_kwargs or {}).get("device", "cpu"))
+
+    def wait_loaded(self, limit_s: float = 900.0) -> None:
+        """Start the worker and block until its wave is built; raises `SidecarLoadError` naming the device and the
+        worker's error when the factory fails, the process dies or `limit_s` passes. Callers for which a sidecar that
+        cannot load must not turn `ooo` into `toolspec` (the eval) call it before any clock starts."""
+        end = time.perf_counter() + limit_s
+        if not self._ensure():
+            raise SidecarLoadError(f"sidecar on {self.device()} is down after {self.restarts} restart(s)")
+        while True:
+            self._drain()
+            if self.loaded:
+                return
+            if self.load_error is not None:
+                break
+            if not self._proc.is_alive():
+                self._drain()  # the error may have arrived just before the exit
+                if self.loaded or self.load_error is not None:
+                    continue
+                self.load_error = f"worker process exited with code {self._proc.exitcode} before loading"
+                break
+            if time.perf_counter() > end:
+                self.load_error = f"not loaded after {limit_s:.0f} s"
+                break
+            time.sleep(0.02)
+        error = self.load_error
+        self.stop()
+        raise SidecarLoadError(f"sidecar ({self.factory or 'wave callable'}) could not load on device "
+                               f"{self.device()}: {error}")
 
     def start(self, request: dict) -> Pending:
         """Send `request` to the wave (starting the worker if needed); returns at once. While a dead worker is in
@@ -242,8 +293,12 @@ class Sidecar:
                 return
             except (EOFError, OSError):
                 return
-            if rid is None:
-                log.warning("%s", body)
+            if rid is None:  # about the worker, not a wave: loaded, or its factory failed
+                if status == "loaded":
+                    self.loaded = True
+                else:
+                    self.load_error = body
+                    log.warning("%s", body)
                 continue
             if rid <= self._cancel.value:
                 continue  # cancelled: nobody waits for it

@@ -25,6 +25,7 @@ import torch
 
 from pipeline.requests import render_prompt
 
+from .clock import Clock
 from .verify import Tree, tree_mask, tree_positions
 
 TREE_MASK_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -213,6 +214,7 @@ class Target:
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
         self.tree = (impl in TREE_MASK_IMPLEMENTATIONS) if tree is None else tree
         self.device = next(model.parameters()).device
+        self.clock = Clock(self.device)  # prefill / verify / keep end synchronized: the loop's timestamps see the work
         self.dtype = next(model.parameters()).dtype
         self.stop_ids = self._stop_ids()
         self.cache = None
@@ -286,7 +288,7 @@ class Target:
           the target every core back between two layers of one forward, no chunk has to end first."""
         from transformers import DynamicCache
 
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = self.clock.now(), time.process_time()
         threads = torch.get_num_threads()
         self.cache = DynamicCache(config=self.model.config)
         hit = self.memo.get(key, ids, threads) if reuse and self.memo is not None else None
@@ -296,7 +298,7 @@ class Target:
             self.cached_tokens = hit["cached"]
             self.memo.hits += 1
             self.last_prefill = {"seconds": hit["seconds"], "cpu_s": hit["cpu_s"], "reused": True,
-                                 "spent": time.perf_counter() - t0}
+                                 "spent": self.clock.now() - t0}
             return hit["seconds"]
         store = self.prefix_cache if prefix_cache else None
         done, layers = store.lookup(ids, key, salt) if store is not None else (0, None)
@@ -319,7 +321,7 @@ class Target:
                 start = end
         if store is not None and ids:
             store.store(ids, key, self.cache, salt)
-        seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        seconds, cpu_s = self.clock.now() - t0, time.process_time() - c0
         if reuse and self.memo is not None:
             self.memo.put(key, ids, threads, self.cache, seconds, cpu_s, done)
         self.last_prefill = {"seconds": seconds, "cpu_s": cpu_s, "reused": False, "spent": seconds}
@@ -346,8 +348,10 @@ class Target:
         return out.logits[0]
 
     def verify(self, tree: Tree) -> list[int]:
-        """The target's greedy next token after every node of the tree (one forward)."""
-        return self.logits(tree).argmax(-1).tolist()
+        """The target's greedy next token after every node of the tree (one forward), the device synchronized."""
+        out = self.logits(tree).argmax(-1).tolist()
+        self.clock.sync()  # `tolist` waited for the argmax; this also waits for the cache writes of the forward
+        return out
 
     def drop(self, n: int) -> None:
         """Forget the last `n` cache entries (the cost curve rewinds after each timed forward)."""
@@ -363,9 +367,10 @@ class Target:
         past = self.past() - tree_len
         keep = [0] + list(nodes)
         if keep == list(range(len(keep))):
-            self.cache.crop(-(tree_len - len(keep)))  # a chain prefix: just drop the tail
+            self.cache.crop(-(tree_len - len(keep)))  # a chain prefix: just drop the tail (a view: no device work)
             return
         idx = torch.tensor(keep, device=self.device) + past
         for layer in self.cache.layers:
             layer.keys = torch.cat([layer.keys[..., :past, :], layer.keys.index_select(-2, idx)], dim=-2)
             layer.values = torch.cat([layer.values[..., :past, :], layer.values.index_select(-2, idx)], dim=-2)
+        self.clock.sync()  # the copies are this round's work, not the next verify's

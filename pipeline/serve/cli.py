@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.hardware import resolve_dtype
-from pipeline.io import InputError, looks_like_hub_id
+from pipeline.io import InputError, interrupt_on_sigterm, looks_like_hub_id
 from pipeline.runtime.schedule import SCHEDULES, Schedule
 from pipeline.sidecar.config import SidecarConfig
 from pipeline.recipes import load_recipe, section
@@ -168,10 +168,16 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cfg = ServeConfig.from_recipe(load_recipe(args.recipe, args.overrides), args.recipe)
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # uvicorn handles SIGTERM (graceful shutdown) and then raises it again: with the default handler the process
+    # would die there, skipping `engine.close()` and leaving the sidecar worker and multiprocessing's resource
+    # tracker running with the model loaded; raised as KeyboardInterrupt, the `finally` below stops them
+    interrupt_on_sigterm()
     engine = build_engine(cfg)
     try:
         log.info("serving %s on http://%s:%d/v1 (queue %d)", engine.model_name, cfg.host, cfg.port, cfg.queue_size)
         uvicorn.run(create_app(engine, cfg.max_body_bytes), host=cfg.host, port=cfg.port, log_level=cfg.log_level)
+    except KeyboardInterrupt:  # SIGTERM or Ctrl-C after uvicorn's graceful shutdown: a normal stop
+        log.info("stopped by a signal")
     finally:
         engine.close()
 

@@ -90,8 +90,6 @@ def resolve(recipe: dict, where: str = "recipe") -> dict:
 
 
 def run(cfg: dict, recipe: dict) -> Path:
-    from ..runtime.backend import load_target
-
     run_dir = Path(cfg["out"]) / cfg["run"]
     methods = list(cfg["methods"])
     if "ooo" in methods:  # a missing sidecar model or adapter stops the run once, before any target loads
@@ -119,42 +117,9 @@ def run(cfg: dict, recipe: dict) -> Path:
             if not todo:
                 continue
             decoded = True
-            torch.set_num_threads(cfg["threads"] or len(available_cores()))
             dtype = resolve_dtype(tcfg.get("dtype", "auto"), tcfg.get("device", "cpu"))
-            backend = tcfg.get("backend", "transformers")
-            kw = {"threads": cfg["threads"] or len(available_cores())} if backend == "llamacpp" else {}
-            target = load_target(backend, tcfg["path"], dtype=dtype, device=tcfg.get("device", "cpu"),
-                                 gguf=tcfg.get("gguf"), chat_template_kwargs=tcfg.get("chat_template_kwargs"),
-                                 prefix_cache=cfg["prefix_cache"], **kw)
-            target.name = tname
-            if cfg["tree_budget"] == "auto":
-                curves[tname] = target.calibrate().as_dict()
-            peers = make_peers(cfg, backend, target, dtype) if set(tmethods) & set(PEERS) else None
-            sidecar = None
-            if sc and "ooo" in tmethods:
-                sidecar = {"factory": FACTORY, "kwargs": sidecar_kwargs(sc, "eval.sidecar")}
-            runner = Runner(target, tmethods, run=cfg["run"], schedules=cfg["schedules"], sidecar=sidecar,
-                            peers=peers, max_new_tokens=cfg["max_new_tokens"], seed=cfg["seed"],
-                            threads=cfg["threads"], sidecar_timeout_s=SidecarConfig.from_section(sc or {}).timeout_s,
-                            tree_budget=cfg["tree_budget"], prefill_once=cfg["prefill_once"],
-                            prefill_chunk=cfg["prefill_chunk"], wave_chunk=cfg["wave_chunk"],
-                            layer_switch=switch)
-            try:
-                if cfg["warmup"]:
-                    runner.warmup(todo[0][1])
-                mach = machine(dtype, cfg["threads"])  # rows accumulate over sessions: each says where it ran
-                where = {"cpu": mach["cpu"]["model"], "flags": mach["cpu"]["flags"], "torch": mach.get("torch"),
-                         "dtype": mach.get("dtype"), "commit": git_commit(run_dir)}
-                for bench, req in tqdm(todo, desc=f"eval {tname}", unit="req"):
-                    for row in runner.run(bench, req, done):
-                        stamp = {"sidecar": ident} if uses_sidecar(row["method"]) else {}
-                        if row.get("schedule") == "adaptive":
-                            stamp["wave_chunk"] = chunk
-                            if switch:
-                                stamp["layer_switch"] = True
-                        writer.write({**row, "machine": where, **stamp})
-            finally:
-                runner.close()
+            eval_target(cfg, tcfg, todo, tmethods, dtype, writer, done, curves, ident, chunk, switch, run_dir)
+            release()  # the target, its runner, peers and caches are gone before the next target loads
     finally:
         writer.finish()  # also when stopped: the rows so far, whole, for the next run (and git) to continue
         if decoded or not old.is_file():  # a run that decoded nothing keeps the manifest of the run that did
@@ -164,6 +129,74 @@ def run(cfg: dict, recipe: dict) -> Path:
                                   "git_commit": git_commit(run_dir)})
         seal(run_dir)
     return run_dir
+
+
+def eval_target(cfg: dict, tcfg: dict, todo: list, tmethods: list[str], dtype, writer, done: dict, curves: dict,
+                ident: dict | None, chunk: int | None, switch: bool, run_dir: Path) -> None:
+    """One target's rows. Everything it loads (target, runner, peers, sidecar workers, prefix cache, memo) lives in
+    this call's frame only, so it can be freed before the next target loads (`release`): 14B then 32B on one 80 GB
+    GPU must not hold both. A sidecar that cannot load on its device fails the run here (`Runner`)."""
+    from ..runtime.backend import load_target
+
+    tname = tcfg["name"]
+    torch.set_num_threads(cfg["threads"] or len(available_cores()))
+    backend = tcfg.get("backend", "transformers")
+    kw = {"threads": cfg["threads"] or len(available_cores())} if backend == "llamacpp" else {}
+    target = load_target(backend, tcfg["path"], dtype=dtype, device=tcfg.get("device", "cpu"), gguf=tcfg.get("gguf"),
+                         chat_template_kwargs=tcfg.get("chat_template_kwargs"), prefix_cache=cfg["prefix_cache"], **kw)
+    target.name = tname
+    if cfg["tree_budget"] == "auto":
+        curves[tname] = target.calibrate().as_dict()
+    peers = make_peers(cfg, backend, target, dtype) if set(tmethods) & set(PEERS) else None
+    sidecar = None
+    sc = cfg.get("sidecar") or None
+    if sc and "ooo" in tmethods:
+        sidecar = {"factory": FACTORY, "kwargs": sidecar_kwargs(sc, "eval.sidecar")}
+    runner = None
+    try:
+        runner = Runner(target, tmethods, run=cfg["run"], schedules=cfg["schedules"], sidecar=sidecar,
+                        peers=peers, max_new_tokens=cfg["max_new_tokens"], seed=cfg["seed"],
+                        threads=cfg["threads"], sidecar_timeout_s=SidecarConfig.from_section(sc or {}).timeout_s,
+                        tree_budget=cfg["tree_budget"], prefill_once=cfg["prefill_once"],
+                        prefill_chunk=cfg["prefill_chunk"], wave_chunk=cfg["wave_chunk"], layer_switch=switch)
+        if cfg["warmup"]:
+            runner.warmup(todo[0][1])
+        mach = machine(dtype, cfg["threads"])  # rows accumulate over sessions: each says where it ran
+        where = {"cpu": mach["cpu"]["model"], "flags": mach["cpu"]["flags"], "torch": mach.get("torch"),
+                 "dtype": mach.get("dtype"), "commit": git_commit(run_dir), **gpu_stamp(mach)}
+        for bench, req in tqdm(todo, desc=f"eval {tname}", unit="req"):
+            for row in runner.run(bench, req, done):
+                stamp = {"sidecar": ident} if uses_sidecar(row["method"]) else {}
+                if row.get("schedule") == "adaptive":
+                    stamp["wave_chunk"] = chunk
+                    if switch:
+                        stamp["layer_switch"] = True
+                writer.write({**row, "machine": where, **stamp})
+    finally:
+        if runner is not None:
+            runner.close()
+        if target.prefix_cache is not None:
+            target.prefix_cache.clear()
+        if target.memo is not None:
+            target.memo.clear()
+        if hasattr(target, "close"):  # llama.cpp: its context and model are freed now, not at garbage collection
+            target.close()
+
+
+def gpu_stamp(mach: dict) -> dict:
+    """A row's GPU fields from `machine()` (model, driver, torch's CUDA version); nothing on a CPU-only machine."""
+    gpu = mach.get("gpu")
+    return {"gpu": gpu} if gpu else {}
+
+
+def release() -> None:
+    """Free what the last target left: reference cycles (the peers' forward hook holds the runner side) and the CUDA
+    caching allocator's blocks, so the next target loads into an empty device."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def wave_chunk(cfg: dict) -> int | None:

@@ -7,8 +7,8 @@ Reads `<data_dir>/requests/<benchmark>/<split>.jsonl` and writes `<data_dir>/tra
 plus a manifest.json. The prompt is the teacher's own chat template over the request's messages with `tools=`;
 decoding is greedy (repetition penalty off). `latency_s` is the wall time of the batch the request ran in.
 Backends (recipe `traces.backend`):
-- `vllm`: offline `vllm.LLM`, pre-rendered prompts, all of a split submitted in one `generate` (or `vllm_chunk` at a
-  time) so vLLM schedules the batching; `tensor_parallel_size`, `max_model_len`, `dtype` from the recipe.
+- `vllm`: offline `vllm.LLM`, pre-rendered prompts, `vllm_chunk` (256) per `generate` so vLLM schedules the batching
+  and each chunk's rows are written when it returns (a crash loses one chunk; 0 = the whole split in one call); `tensor_parallel_size`, `max_model_len`, `dtype` from the recipe.
 - `transformers`: batched greedy `generate`, left padding, prompts sorted by length so a batch wastes little padding.
 - `runtime`: the project's own lossless speculative runtime (`pipeline.runtime.generate`, batch 1, greedy) with the
   request's first gold call as an instantly ready hint plus the schema, history and lookup drafters: the text is the
@@ -37,6 +37,9 @@ from ..recipes import load_recipe, section
 from ..requests import load_requests, render_prompt, sample, stop_token_ids
 
 BACKENDS = ("vllm", "transformers", "runtime", "gold")
+# vLLM's own default of sequences in flight (max_num_seqs): a chunk this size keeps its batch full, and a crash (an
+# OOM, a lost node) loses one chunk's rows instead of the whole split's
+VLLM_CHUNK = 256
 
 
 @dataclass
@@ -63,7 +66,8 @@ class TracesConfig:
     max_model_len: int | None = None        # longer prompts are recorded as errors, not run
     threads: int | None = None              # torch intra-op threads (CPU)
     chat_template_kwargs: dict = field(default_factory=dict)
-    vllm_chunk: int = 0                     # prompts per vllm generate call; 0 = all at once
+    vllm_chunk: int = VLLM_CHUNK            # prompts per vllm generate call, its rows written when it returns
+                                            # (a crash loses at most one chunk); 0 = the whole split at once
     vllm_kwargs: dict = field(default_factory=dict)  # extra vllm.LLM arguments (gpu_memory_utilization, ...)
     env: dict = field(default_factory=dict)  # environment set before the backend loads (VLLM_CPU_KVCACHE_SPACE ...)
     tiny_family: str | None = None          # tests/smoke: build a tiny random model at `model` if it is missing

@@ -3,6 +3,8 @@
 Run as: python -m pipeline.stages.train [--recipe recipes/sidecar/smollm2-135m-cpu-v9.yaml] [section.key=value ...]
 Several GPUs: accelerate launch --config_file recipes/deepspeed/accelerate-zero2.yaml -m pipeline.stages.train
               --recipe recipes/sidecar/qwen3-0.6b.yaml sft.deepspeed=recipes/deepspeed/zero2.json
+The optimizer step's batch is the recipe's global batch on any number of processes (`train.global_batch`, default
+the recipe's per-device batch x accumulation): each process's batch and accumulation are derived (`batch_plan`).
 
 A recipe has three sections: `train:` (this stage's own keys, `DEFAULTS` below), `sft:` (trl `SFTConfig` fields,
 verbatim) and `lora:` (peft `LoraConfig` fields, verbatim); an unknown key is an error that lists the valid ones.
@@ -64,11 +66,49 @@ DEFAULTS = {
                                   # start as a fresh LoRA (B = 0): more capacity, the same function at step 0
     "save_dtype": None,           # cast the saved adapter weights (e.g. bfloat16: half the bytes of float32)
     "overwrite": False,           # retrain a finished output whose recipe changed
+    "global_batch": None,         # packed sequences per optimizer step over all processes; each process's batch and
+                                  # accumulation are derived from it (`split_global_batch`), so 1 or 8 GPUs take the
+                                  # same steps; null: sft.per_device_train_batch_size x gradient_accumulation_steps
+                                  # (what the recipe trains in one process)
 }
 SECTIONS = ("train", "sft", "lora")
 GOLD = "gold"  # a `train.rows` source: rows built from each request's first gold call
 FORCED_SFT = {"remove_unused_columns": False, "dataset_kwargs": {"skip_prepare_dataset": True},
               "packing": False, "padding_free": False}
+
+
+def split_global_batch(global_batch: int, processes: int, micro: int) -> tuple[int, int]:
+    """(per-device batch, accumulation steps) whose product times `processes` is exactly `global_batch`: the
+    recipe's micro-batch `micro` (what one device holds) or the largest divisor of the per-process share below it.
+    An 8-GPU run of a 4 x 8 recipe (global 32) takes 4 x 1 per device, not 4 x 8 x 8 = 256 per step."""
+    if global_batch < 1 or processes < 1 or micro < 1:
+        raise ValueError(f"global batch {global_batch}, {processes} processes, micro-batch {micro}: all must be >= 1")
+    if global_batch % processes:
+        raise ValueError(f"global batch {global_batch} is not a multiple of {processes} processes: choose a global "
+                         "batch every process count you launch divides (e.g. a multiple of 8)")
+    share = global_batch // processes
+    per_device = min(micro, share)
+    while share % per_device:
+        per_device -= 1
+    return per_device, share // per_device
+
+
+def world_size() -> int:
+    """Processes of this training run (accelerate / torchrun / deepspeed set WORLD_SIZE; 1 when run plainly)."""
+    return int(os.environ.get("WORLD_SIZE") or 1)
+
+
+def batch_plan(train: dict, sft: dict, processes: int, where: str = "recipe") -> dict:
+    """The global batch (`train.global_batch`, else the recipe's per-device batch x accumulation) split over
+    `processes`: {global, processes, per_device_train_batch_size, gradient_accumulation_steps}."""
+    micro = int(sft.get("per_device_train_batch_size", 8))  # SFTConfig's own default
+    global_batch = train.get("global_batch") or micro * int(sft.get("gradient_accumulation_steps", 1))
+    try:
+        per_device, accumulation = split_global_batch(int(global_batch), processes, micro)
+    except ValueError as e:
+        raise InputError(f"{where}: train.global_batch: {e}") from None
+    return {"global": int(global_batch), "processes": processes, "per_device_train_batch_size": per_device,
+            "gradient_accumulation_steps": accumulation}
 
 
 def _fields(cls) -> set[str]:
@@ -114,6 +154,10 @@ def resolve(config: dict, where: str, check_init: bool = True) -> dict:
         if not (ints and len(sl) == 2 and 0 <= sl[0] < sl[1]):
             raise InputError(f"{where}: train.slice={sl!r}; expected [k, n] with integers 0 <= k < n (the k-th of n "
                              "disjoint parts of the requests)")
+    gb = train["global_batch"]
+    if gb is not None and (not isinstance(gb, int) or isinstance(gb, bool) or gb < 1):
+        raise InputError(f"{where}: train.global_batch={gb!r}; expected an integer >= 1 (sequences per optimizer "
+                         "step over all processes) or null")
     if train["init_grow"] and not train["init_adapter"]:
         raise InputError(f"{where}: train.init_grow=true needs train.init_adapter (the adapter to grow)")
     if train["save_dtype"] not in (None, "float32", "bfloat16", "float16"):
@@ -353,7 +397,12 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(train["model"])
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    args = SFTConfig(**{"report_to": "none", **sft_kw, **FORCED_SFT})
+    plan = batch_plan(train, sft_kw, world_size(), recipe_path or "recipe")
+    print(f"batch: {plan['global']} sequences per optimizer step = {plan['processes']} process(es) x "
+          f"{plan['per_device_train_batch_size']} x {plan['gradient_accumulation_steps']} accumulation",
+          file=sys.stderr)
+    args = SFTConfig(**{"report_to": "none", **sft_kw, **FORCED_SFT,
+                        **{k: plan[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps")}})
     sequences, stats = pack_rows(tokenizer, requests, rows, train["compact"], train["chat_template_kwargs"],
                                  args.max_length, float(train["null_keep"]), args.seed, progress=True,
                                  questions=train["questions"], function_repeat=train["function_repeat"])
@@ -412,7 +461,8 @@ def run(resolved: dict, recipe_path: str | None) -> Path:
                    "rows_per_second": seq_per_s * rows_per_seq,
                    "epoch_rows": stats["rows_kept"], "global_step": trainer.state.global_step,
                    "resumed_from": ckpt.name if ckpt else None, "runtime_s_this_run": runtime,
-                   "world_size": trainer.accelerator.num_processes, "log_history": trainer.state.log_history}
+                   "world_size": trainer.accelerator.num_processes, "batch": plan,
+                   "log_history": trainer.state.log_history}
         write_json(out / "metrics.json", metrics)
         plot_loss(trainer.state.log_history, out / "loss.png", f"sidecar {resolved['recipe_name']}")
         write_manifest(out, STAGE, resolved, inputs, extra={"recipe": recipe_path,

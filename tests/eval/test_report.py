@@ -159,6 +159,50 @@ def test_report_names_the_machine_from_the_manifest(tmp_path):
     md = (tmp_path / "summary.md").read_text()
     assert "Test CPU 9000, 2 cores, flags avx2 avx512f" in md and "dtype float32, 2 threads" in md
     assert "| t | 0.300 | 0.400 |" in md
+    assert "GPU" not in md  # a CPU machine's header names no GPU
+
+    machine["gpu"] = {"model": "NVIDIA H100 80GB HBM3", "count": 1, "memory_gib": 79.2, "capability": "9.0",
+                      "driver": "550.54.15", "cuda": "12.8"}
+    (tmp_path / "manifest.json").write_text(json.dumps({"machine": machine}))
+    render(tmp_path, n_boot=20)
+    md = (tmp_path / "summary.md").read_text()
+    assert "GPU NVIDIA H100 80GB HBM3 (driver 550.54.15, CUDA 12.8)" in md
+
+
+def test_gpu_info_records_model_driver_and_cuda_and_nothing_on_a_cpu():
+    from types import SimpleNamespace
+
+    import torch
+
+    from pipeline.hardware import gpu_info, gpu_line, machine
+
+    class FakeCuda:
+        def __init__(self, available):
+            self.available = available
+
+        def is_available(self):
+            return self.available
+
+        def get_device_properties(self, i):
+            return SimpleNamespace(total_memory=80 * 2**30)
+
+        def get_device_capability(self, i):
+            return (9, 0)
+
+        def get_device_name(self, i):
+            return "NVIDIA H100"
+
+        def device_count(self):
+            return 8
+
+    assert gpu_info(FakeCuda(False)) is None
+    info = gpu_info(FakeCuda(True), driver=lambda: "550.54.15")
+    assert info == {"model": "NVIDIA H100", "count": 8, "memory_gib": 80.0, "capability": "9.0",
+                    "driver": "550.54.15", "cuda": torch.version.cuda}
+    assert gpu_line(info).startswith("GPU 8 x NVIDIA H100 (driver 550.54.15, CUDA ")
+    assert gpu_line("Old GPU name") == "GPU Old GPU name" and gpu_line(None) == ""
+    if not torch.cuda.is_available():
+        assert "gpu" not in machine("float32")
 
 
 def test_report_names_the_sidecars_wave_settings(tmp_path):

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pipeline.runtime.sidecar_client import Sidecar, load_factory
+from pipeline.runtime.sidecar_client import Sidecar, SidecarLoadError, load_factory
 
 PAYLOAD = {"tool_index": 0, "arguments": {"city": "Paris"}}
 
@@ -82,6 +82,19 @@ def test_factory_builds_the_wave_inside_the_worker():
         load_factory("no_colon")
     with pytest.raises(ValueError, match="exactly one"):
         Sidecar()
+
+
+def test_wait_loaded_names_the_device_and_the_workers_error():
+    with Sidecar(factory=f"{__name__}:make_wave", factory_kwargs={"answer": 1}) as sc:
+        sc.wait_loaded(60)
+        assert sc.loaded and sc.alive()
+    with Sidecar(factory="pipeline.no_such_module:x", factory_kwargs={"device": "cuda:1"}) as sc:
+        with pytest.raises(SidecarLoadError, match=r"could not load on device cuda:1: .*No module named"):
+            sc.wait_loaded(60)
+        assert not sc.alive()
+    with Sidecar(wave) as sc:  # a wave callable: loaded at once, on the CPU
+        sc.wait_loaded(60)
+        assert sc.device() == "cpu"
 
 
 def test_a_crash_looping_worker_backs_off():

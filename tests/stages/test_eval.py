@@ -210,6 +210,67 @@ def test_a_missing_sidecar_adapter_stops_the_run_before_any_row(setup, capsys):
     assert not (root / "results" / "no-adapter" / "rows.jsonl").exists()
 
 
+def test_each_target_is_released_before_the_next_loads(setup, monkeypatch):
+    """Weak references to the first target, its model, runner, peers and prefix cache are dead when the second
+    target loads (14B then 32B on one GPU must not hold both)."""
+    import weakref
+
+    from pipeline.runtime import Target
+
+    root, refs, alive_at_load = setup, [], []
+    plain_load, plain_runner, plain_peers = Target.load.__func__, eval_stage.Runner, eval_stage.HFPeers
+
+    def load(cls, *a, **kw):
+        alive_at_load.append([name for name, r in refs if r() is not None])
+        t = plain_load(cls, *a, **kw)
+        refs.extend([("target", weakref.ref(t)), ("model", weakref.ref(t.model)),
+                     ("prefix_cache", weakref.ref(t.prefix_cache))])
+        return t
+
+    def runner(*a, **kw):
+        r = plain_runner(*a, **kw)
+        refs.append(("runner", weakref.ref(r)))
+        return r
+
+    def peers(*a, **kw):
+        p = plain_peers(*a, **kw)
+        refs.append(("peers", weakref.ref(p)))
+        return p
+
+    monkeypatch.setattr(Target, "load", classmethod(load))
+    monkeypatch.setattr(eval_stage, "Runner", runner)
+    monkeypatch.setattr(eval_stage, "HFPeers", peers)
+    path = recipe(root, ["ar", "pld", "hf-pld"], run="release")
+    text = json.loads(path.read_text())
+    text["eval"]["targets"].append({"name": "tiny2", "path": str(root / "tiny-llama"), "dtype": "float64"})
+    text["eval"]["benchmarks"] = {"fixture": 1}
+    path.write_text(json.dumps(text))
+    eval_stage.main(["--recipe", str(path)])
+    assert len(alive_at_load) == 2 and alive_at_load[0] == []
+    assert {name for name, _ in refs} == {"target", "model", "prefix_cache", "runner", "peers"}
+    assert alive_at_load[1] == [], f"still referenced when the next target loaded: {alive_at_load[1]}"
+
+
+def test_ooo_fails_the_run_when_its_sidecar_cannot_load(setup):
+    """A sidecar whose model cannot load on its device stops the run with the device and the worker's error: never
+    `ooo` rows measured without a hint."""
+    from pipeline.runtime.sidecar_client import SidecarLoadError
+
+    root = setup
+    broken = root / "broken-sidecar"
+    shutil.copytree(root / "tiny-qwen2", broken, dirs_exist_ok=True)
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    path = recipe(root, ["ar", "ooo"], run="broken-sidecar")
+    text = json.loads(path.read_text())
+    text["eval"]["sidecar"]["model"] = str(broken)
+    text["eval"]["schedules"] = ["adaptive"]
+    path.write_text(json.dumps(text))
+    with pytest.raises(SidecarLoadError, match=r"could not load on device cpu: .*no-such-architecture"):
+        eval_stage.main(["--recipe", str(path)])
+    rows = root / "results" / "broken-sidecar" / "rows.jsonl"
+    assert not rows.exists() or not [r for r in read_jsonl(rows) if r["method"] == "ooo"]
+
+
 def test_git_commit_is_dirty_only_outside_the_runs_own_folder(tmp_path, monkeypatch):
     import subprocess
 

@@ -127,6 +127,32 @@ def test_resume_after_interrupted_run_no_duplicates_nothing_lost(tmp_path, token
     assert manifest["complete"] is True and len(manifest["runs"]) == 3
 
 
+def test_a_crash_loses_at_most_one_vllm_chunk_and_the_rerun_completes(tmp_path, tokenizer_dir, monkeypatch):
+    """The vllm path submits `vllm_chunk` prompts per generate and writes their rows before the next chunk: killed in
+    the second chunk, the first chunk's rows are on disk; the rerun writes only the rest."""
+    make_data(tmp_path)
+
+    class ChunkedGold(traces.GoldBackend):  # the vllm batching rule (make_batches) over the gold backend's rows
+        chunks: list[int] = []
+
+        def run(self, batch):
+            self.chunks.append(len(batch))
+            if len(self.chunks) == 2 and self.die:
+                raise KeyboardInterrupt  # killed mid-chunk
+            return super().run(batch)
+
+    monkeypatch.setattr(traces, "VllmBackend", ChunkedGold)
+    ChunkedGold.die = True
+    path = recipe(tmp_path, tokenizer_dir, backend="vllm", vllm_chunk=3)
+    with pytest.raises(KeyboardInterrupt):
+        traces.main(["--recipe", str(path)])
+    assert ChunkedGold.chunks == [3, 1] and len(out_rows(tmp_path)) == 3
+    ChunkedGold.die, ChunkedGold.chunks = False, []
+    report = traces.main(["--recipe", str(path)])
+    assert report["train"]["already_done"] == 3 and report["train"]["written"] == 1 and ChunkedGold.chunks == [1]
+    assert sorted(r["id"] for r in out_rows(tmp_path)) == [f"fixture/{i}" for i in range(4)]
+
+
 def test_failing_requests_are_recorded_and_the_stage_goes_on(tmp_path, tokenizer_dir):
     reqs = read_jsonl(FIXTURE_REQUESTS)
     reqs[1]["gold"] = []                                              # gold backend cannot render it: fails at run
@@ -161,7 +187,10 @@ def test_batches_respect_size_token_cap_and_sort_windows(tmp_path, tokenizer_dir
     sizes = [[len(ids) for _, ids in b] for b in traces.make_batches(items, cfg)]
     assert sizes == [[60], [40, 30], [20, 20, 20], [10]]  # 60+40 pads to 120 > 100; 40x3 = 120 too; 3 at most
     cfg.backend = "vllm"
-    assert len(traces.make_batches(items, cfg)) == 1       # vllm: everything in one generate call
+    assert len(traces.make_batches(items, cfg)) == 1       # vllm: up to a chunk (256 by default) in one generate call
+    assert [len(b) for b in traces.make_batches(items * 100, cfg)] == [256, 256, 188]
+    cfg.vllm_chunk = 0
+    assert len(traces.make_batches(items * 100, cfg)) == 1  # 0: the whole split at once
 
     # sort windows: each window of the sampled order is run (sorted by length) before the next one starts
     reqs = read_jsonl(FIXTURE_REQUESTS)

@@ -260,6 +260,34 @@ def test_every_sidecar_recipe_resolves():
         assert resolved["sft"]["output_dir"] == f"checkpoints/sidecar/{path.stem}"
 
 
+def test_the_global_batch_is_the_same_on_1_2_or_8_processes():
+    """The recipe's global batch is split into per-device batch x accumulation x processes exactly."""
+    for processes in (1, 2, 4, 8):
+        per_device, accumulation = train.split_global_batch(32, processes, 4)
+        assert per_device * accumulation * processes == 32 and per_device <= 4
+    assert train.split_global_batch(32, 1, 4) == (4, 8) and train.split_global_batch(32, 8, 4) == (4, 1)
+    assert train.split_global_batch(8, 8, 4) == (1, 1)          # the micro-batch shrinks to the per-process share
+    assert train.split_global_batch(24, 2, 5) == (4, 3)         # the largest divisor of the share below the micro
+    with pytest.raises(ValueError, match="not a multiple of 3 processes"):
+        train.split_global_batch(32, 3, 4)
+    # no train.global_batch: the recipe's per-device batch x accumulation is the global batch (one process)
+    plan = train.batch_plan({"global_batch": None}, {"per_device_train_batch_size": 4,
+                                                     "gradient_accumulation_steps": 8}, 8)
+    assert plan == {"global": 32, "processes": 8, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}
+    with pytest.raises(InputError, match="r.yaml: train.global_batch: global batch 6 is not a multiple of 4"):
+        train.batch_plan({"global_batch": 6}, {"per_device_train_batch_size": 2}, 4, "r.yaml")
+
+
+def test_global_batch_sets_the_accumulation_of_a_run(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    out = tmp_path / "gb"
+    assert train.main(["--recipe", RECIPE, *overrides(model_dir, out, "train.global_batch=4", "sft.max_steps=1")]) == 0
+    batch = read_json(out / "metrics.json")["batch"]
+    assert batch == {"global": 4, "processes": 1, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2}
+    with pytest.raises(InputError, match=r"train.global_batch=0; expected an integer >= 1"):
+        train.main(["--recipe", RECIPE, *overrides(model_dir, tmp_path / "bad", "train.global_batch=0")])
+
+
 @pytest.mark.slow
 @pytest.mark.deepspeed
 def test_deepspeed_zero2_runs_two_processes_on_cpu(model_dir, tmp_path):
@@ -278,5 +306,8 @@ def test_deepspeed_zero2_runs_two_processes_on_cpu(model_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = read_json(out / "metrics.json")
     assert metrics["world_size"] == 2 and metrics["global_step"] == 4
+    # the tiny recipe's 2 x 1 on one process is its global batch: 2 processes x 1 x 1
+    assert metrics["batch"] == {"global": 2, "processes": 2, "per_device_train_batch_size": 1,
+                                "gradient_accumulation_steps": 1}
     assert list((out / "checkpoint-4").glob("global_step4"))  # a DeepSpeed engine checkpoint, not a plain one
     assert (out / "adapter_model.safetensors").is_file()
