@@ -26,10 +26,10 @@ from tqdm import tqdm
 from ..io import InputError, read_json, sha256_file, write_json, write_jsonl, write_manifest
 from ..recipes import load_recipe, section
 from ..schema import find_tool, schema_errors, tool_name, tool_params, validation_errors
-from ..sources import SOURCE_MODULES, fetch, load_source
+from ..sources import SOURCE_MODULES, fetch, load_source, raw_data_root
 
 DEFAULTS = {
-    "raw_root": "../shared/data",
+    "raw_root": str(raw_data_root()),  # $OOO_RAW_DATA, else ../shared/data
     "out": "data/requests",
     "sources": list(SOURCE_MODULES),
     "eval_subsets": {"api_bank": ["level-1", "level-2"], "toolalpaca": ["eval_simulated", "eval_real"],

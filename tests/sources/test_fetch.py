@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from pipeline.sources import SOURCE_MODULES, fetch
+from pipeline.sources import SOURCE_MODULES, fetch, raw_data_root
 from pipeline.sources.fetch import FetchError, RawFile
 from pipeline.stages import data as data_stage
 
-RAW = Path(os.environ.get("OOO_SPEC_RAW_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+RAW = raw_data_root()
 needs_data = pytest.mark.skipif(not all((RAW / p.source / p.path).is_file() for p in fetch.MANIFEST),
                                 reason=f"raw benchmark files not found under {RAW}")
 
