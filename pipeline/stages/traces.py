@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..hardware import machine
 from ..artifacts import seal
-from ..io import InputError, ResumableJsonl, interrupt_on_sigterm, read_json, write_manifest
+from ..io import InputError, ResumableJsonl, interrupt_on_sigterm, looks_like_hub_id, read_json, write_manifest
 from ..recipes import load_recipe, section
 from ..requests import load_requests, render_prompt, sample, stop_token_ids
 
@@ -66,7 +66,6 @@ class TracesConfig:
     vllm_chunk: int = 0                     # prompts per vllm generate call; 0 = all at once
     vllm_kwargs: dict = field(default_factory=dict)  # extra vllm.LLM arguments (gpu_memory_utilization, ...)
     env: dict = field(default_factory=dict)  # environment set before the backend loads (VLLM_CPU_KVCACHE_SPACE ...)
-    tiny_family: str | None = None          # tests/smoke: build a tiny random model at `model` if it is missing
 
 
 PICKS = ("shuffle", "even")
@@ -308,10 +307,9 @@ class RuntimeBackend(Backend):
 def load_backend(cfg: TracesConfig) -> Backend:
     for k, v in cfg.env.items():
         os.environ[str(k)] = str(v)
-    if cfg.tiny_family and not Path(cfg.model).exists():
-        from ..testing import make_tiny_model_dir
-
-        make_tiny_model_dir(cfg.model, cfg.tiny_family)
+    if not Path(cfg.model).exists() and not looks_like_hub_id(cfg.model):
+        raise InputError(f"traces.model={cfg.model!r}: no such model folder (and not a hub id); build it first "
+                         "(`make models`, or for the tiny recipes `python -m pipeline.testing <folder>`)")
     return {"gold": GoldBackend, "transformers": TransformersBackend, "runtime": RuntimeBackend,
             "vllm": VllmBackend}[cfg.backend](cfg)
 

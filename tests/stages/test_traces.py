@@ -199,6 +199,9 @@ def test_bad_inputs_name_file_line_and_expectation(tmp_path, tokenizer_dir):
         traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir)), "traces.batchsize=2"])
     with pytest.raises(InputError, match="no request files for split 'dev'"):
         traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir)), "splits=[dev]"])
+    make_data(tmp_path)
+    with pytest.raises(InputError, match=r"traces.model='.*no-such-model': no such model folder"):
+        traces.main(["--recipe", str(recipe(tmp_path, tmp_path / "no-such-model"))])
 
 
 @pytest.mark.vllm
