@@ -41,9 +41,9 @@ def check_serve(path, recipe):
 
 
 def check_data(path, recipe):
-    from pipeline.stages.data import DEFAULTS
+    from pipeline.stages import data
 
-    section(recipe, "data", known=set(DEFAULTS), where=str(path))
+    data.resolve(path)
 
 
 def check_models(path, recipe):

@@ -147,7 +147,7 @@ def test_make_data_from_mirror_equals_local_folder(mirror, monkeypatch, tmp_path
 def test_local_raw_root_wins(monkeypatch, tmp_path):
     (tmp_path / "raw").mkdir()
     monkeypatch.setattr(fetch, "fetch", lambda *a, **k: pytest.fail("fetched although raw_root exists"))
-    cfg = {**data_stage.DEFAULTS, "raw_root": str(tmp_path / "raw")}
+    cfg = data_stage.Config(raw_root=str(tmp_path / "raw"))
     assert data_stage.resolve_raw_root(cfg) == tmp_path / "raw"
 
 
