@@ -15,8 +15,8 @@ RECIPES = sorted(p.relative_to(ROOT) for p in (ROOT / "recipes").rglob("*") if p
 def check_teacher(path, recipe):
     from pipeline.stages import labels, traces
 
-    traces.resolve(recipe, str(path))
-    labels.resolve(recipe, str(path))
+    traces.resolve(path)
+    labels.resolve(path)
 
 
 def check_sidecar(path, recipe):

@@ -74,7 +74,8 @@ def _dest(f: Flag) -> str:
 
 def parser(stage: ModuleType) -> argparse.ArgumentParser:
     doc = (stage.__doc__ or "").strip().splitlines()
-    ap = argparse.ArgumentParser(prog=f"python -m {stage.__name__}", description=doc[0] if doc else None)
+    name = getattr(stage.__spec__, "name", None) or stage.__name__  # run as `python -m`, the module is __main__
+    ap = argparse.ArgumentParser(prog=f"python -m {name}", description=doc[0] if doc else None)
     default = getattr(stage, "DEFAULT_RECIPE", None)
     ap.add_argument("--recipe", default=default,
                     help="the stage's recipe YAML" + (f" (default: {default})" if default else ""))
