@@ -22,11 +22,11 @@ Writes into `<out>` (default `<adapter>/sidecar_eval/`):
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import sys
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifacts import seal
@@ -35,6 +35,8 @@ from ..io import InputError, ResumableJsonl, atomic_open, dumps, iter_jsonl, sha
 from ..recipes import load_recipe, section
 from ..eval.report import BUSY_FOREIGN_CORES as BUSY_CORES
 from ..requests import load_requests
+from . import StageConfig
+from . import main as stage_main
 from ..sidecar.accuracy import (adapter_of, base_model_of, load_labels, markdown_table, misses_table, prediction_row,
                                 reference_call, reparse_row, request_misses, row_prediction, score_request, summarize)
 
@@ -42,7 +44,7 @@ BACKENDS = ("transformers", "vllm")
 
 
 @dataclass
-class SidecarEvalConfig:
+class SidecarEvalConfig(StageConfig):
     requests: list[str]                     # request JSONL files (globs allowed)
     limit: int | None = None                # evenly spaced requests per file (None: all)
     adapter: str | None = None              # default: the adapter this recipe trains (none without `train:`)
@@ -65,16 +67,25 @@ class SidecarEvalConfig:
     fresh: bool = False                     # ignore earlier predictions
 
 
-KEYS = set(SidecarEvalConfig.__dataclass_fields__)
+Config = SidecarEvalConfig  # the stage contract's name (pipeline/stages/__init__.py)
+KEYS = SidecarEvalConfig.keys()
 FINGERPRINT_KEYS = ("model", "adapter", "backend", "max_value_tokens", "dtype", "merge_adapter", "tool_block",
                     "chat_template_kwargs", "required_values", "slot_tools")
 
 
-def resolve(recipe: dict, where_: str = "recipe") -> SidecarEvalConfig:
+def resolve(recipe_path: str | Path | None, overrides: Sequence[str] = ()) -> SidecarEvalConfig:
+    """The sidecar recipe's `sidecar_eval:` section with overrides, checked (`from_recipe`)."""
+    if recipe_path is None:
+        raise InputError("sidecar_eval: --recipe is required (a recipes/sidecar/*.yaml file with a sidecar_eval: "
+                         "section)")
+    return from_recipe(load_recipe(recipe_path, overrides), str(recipe_path))
+
+
+def from_recipe(recipe: dict, where_: str = "recipe") -> SidecarEvalConfig:
     sec = dict(section(recipe, "sidecar_eval", KEYS, where_))
     if not sec.get("requests"):
         raise InputError(f"{where_}: sidecar_eval.requests is required (request JSONL files, globs allowed)")
-    cfg = SidecarEvalConfig(**sec)
+    cfg = SidecarEvalConfig(**sec, recipe=recipe)
     if isinstance(cfg.requests, str):
         cfg.requests = [cfg.requests]
     if cfg.backend not in BACKENDS:
@@ -263,7 +274,7 @@ def machine_line(cfg: SidecarEvalConfig, rows: dict[str, dict]) -> str:
             f"{len(timed)} timed (other processes used more than {BUSY_CORES} cores during the wave).")
 
 
-def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
+def run(cfg: SidecarEvalConfig) -> dict:
     """Predict, score, write; returns what accuracy.json holds."""
     paths, labels_files = request_paths(cfg), label_paths(cfg)
     requests = load_requests(paths, cfg.limit, how="even")
@@ -279,7 +290,7 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
     # and without the requests the target answered with text (judged by gold above, where the target calls nothing)
     text = sorted(text_answers(labels_files) & {r["id"] for r in requests})
     summary_calls = score([r for r in requests if r["id"] not in text], rows, labels) if text else None
-    config = {k: v for k, v in asdict(cfg).items() if k not in ("fresh", "threads", "batch")}
+    config = {k: v for k, v in cfg.settings().items() if k not in ("fresh", "threads", "batch")}
     rejected = rejected_file(labels_files)
     inputs = [*paths, *map(str, labels_files), *([str(rejected)] if rejected else [])]
     result = {"summary": summary, "reference": summary["all"]["reference"], "summary_gold": summary_gold,
@@ -300,7 +311,7 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
               + misses_table(misses))
     with atomic_open(out / "accuracy.md") as f:
         f.write(table)
-    write_manifest(out, "sidecar_eval", {"recipe": recipe, "resolved": config}, inputs)
+    write_manifest(out, "sidecar_eval", {"recipe": cfg.recipe, "resolved": config}, inputs)
     seal(out)
     print(table + f"\nwrote {out} ({summary['all']['requests']} scored, {summary['all']['skipped']} skipped without a "
                   "reference call)")
@@ -308,16 +319,9 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", required=True, help="a recipes/sidecar/*.yaml file with a sidecar_eval: section")
-    ap.add_argument("overrides", nargs="*", help="key=value (sidecar_eval.limit=25 sidecar_eval.adapter=DIR ...)")
-    args = ap.parse_args(argv)
-    recipe = load_recipe(args.recipe, args.overrides)
-    return run(resolve(recipe, args.recipe), recipe)
+    """The command line (the stage contract: pipeline/stages/__init__.py)."""
+    return stage_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except InputError as e:
-        sys.exit(f"error: {e}")
+    main()
