@@ -30,8 +30,8 @@ def check_sidecar(path, recipe):
 def check_eval(path, recipe):
     from pipeline.stages import eval as eval_stage
 
-    cfg = eval_stage.resolve(recipe, str(path))
-    assert cfg["methods"] and cfg["targets"]
+    cfg = eval_stage.resolve(path)
+    assert cfg.methods and cfg.targets
 
 
 def check_serve(path, recipe):
