@@ -5,7 +5,8 @@
 - Llama 3.x JSON:        {"name": ..., "parameters": {...}}  (optionally after <|python_tag|>)
 - fenced JSON:           ```json\\n{\\n  "name": ..., "arguments": {...}\\n}\\n```  (Qwen2.5-Coder's habit)
 - bare JSON:             an object or a list of objects anywhere in the text
-- API-Bank:              API-Request: [Name(key='value', ...)]
+- API-Bank:              API-Request: [Name(key='value', ...)]  (`parse_api_request` reads one call as the benchmark
+                         writes it, with each value's source text: the API-Bank converter's gold)
 - Python call lists:     [name(key=value, ...), ...]  (BFCL's AST format)
 A call object may spell its arguments `arguments` or `parameters`, may nest them under `function`, and may give them as
 a JSON string (OpenAI style). The result lists every call found in text order with the format that produced them.
@@ -251,8 +252,9 @@ def parse_api_bank_call(text: str) -> dict | None:
     return {"name": name, "arguments": args}
 
 
-def parse_api_request(text: str) -> Parsed:
-    """API-Bank's `API-Request: [Name(key='value', ...)]`."""
+def scan_api_requests(text: str) -> Parsed:
+    """Every API-Bank `API-Request: [Name(key='value', ...)]` in a model's text (JSON-able values; the lenient
+    `parse_api_bank_call` where Python does not parse). The benchmark's own calls are read by `parse_api_request`."""
     out = Parsed()
     for m in API_REQUEST_RE.finditer(text):
         calls = parse_python_calls(m.group(1) + "]")
@@ -265,6 +267,53 @@ def parse_api_request(text: str) -> Parsed:
         out.calls += calls
     out.format = "api_request" if out.calls else None
     return out
+
+
+class CallSyntaxError(ValueError):
+    """A call text is not `[Name(key=literal, ...)]`."""
+
+
+def _parse_call(text: str) -> tuple[str, dict[str, tuple[object, str]]]:
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError as e:
+        raise CallSyntaxError(f"not a Python expression ({e.msg})") from None
+    if not (isinstance(tree, ast.List) and len(tree.elts) == 1 and isinstance(tree.elts[0], ast.Call)):
+        raise CallSyntaxError("expected exactly one call inside [...]")
+    call = tree.elts[0]
+    if not isinstance(call.func, ast.Name) or call.args or any(k.arg is None for k in call.keywords):
+        raise CallSyntaxError("expected Name(key=value, ...) with keyword arguments only")
+    args = {}
+    for kw in call.keywords:
+        try:
+            value = ast.literal_eval(kw.value)
+        except ValueError:
+            raise CallSyntaxError(f"argument {kw.arg!r} is not a literal") from None
+        args[kw.arg] = (value, ast.get_source_segment(text, kw.value))
+    return call.func.id, args
+
+
+_OPEN_QUOTED = re.compile(r"(=\s*)'([\[{])")
+_CLOSE_QUOTED = re.compile(r"([\]}])'(?=\s*(?:,\s*[A-Za-z_]\w*\s*=|\)\]\s*$))")
+
+
+def parse_api_request(text: str) -> tuple[str, dict[str, tuple[object, str]], bool]:
+    """One API-Bank call as the benchmark writes it (its gold and dialogue calls, `pipeline.sources.api_bank`):
+    `[Name(k='v', ...)]` (optionally after `API-Request:`) -> (name, {arg: (value, source text)}, unwrapped);
+    raises CallSyntaxError. `unwrapped` says whether quoted list/dict literals had to be unquoted to make it parse.
+    """
+    text = text.strip()
+    if text.startswith("API-Request:"):
+        text = text[len("API-Request:"):].strip()
+    try:
+        name, args = _parse_call(text)
+        return name, args, False
+    except CallSyntaxError as first:
+        fixed = _CLOSE_QUOTED.sub(r"\1", _OPEN_QUOTED.sub(r"\1\2", text))
+        if fixed == text:
+            raise first
+        name, args = _parse_call(fixed)
+        return name, args, True
 
 
 BARE_WORD = re.compile(r'(:\s*)(?!true\b|false\b|null\b)([A-Za-z_$][\w$.]*)(\s*[,}\]])')
@@ -314,7 +363,7 @@ def _parse_exact(text: str) -> Parsed:
             return p
         problems += p.problems
     if "API-Request:" in text:
-        p = parse_api_request(text)
+        p = scan_api_requests(text)
         if p.calls:
             return p
         problems += p.problems
@@ -438,5 +487,5 @@ def normalise_arguments(args: dict, parameters: dict) -> tuple[dict, list[str]]:
 
 
 __all__ = ["ARG_ALIASES", "Parsed", "parse_calls", "close_truncated", "parse_tags", "parse_fences", "parse_bare_json",
-           "parse_api_request", "parse_python_calls", "parse_api_bank_call", "as_call", "normalise_arguments",
-           "normalise_value"]
+           "scan_api_requests", "parse_api_request", "CallSyntaxError", "parse_python_calls", "parse_api_bank_call",
+           "as_call", "normalise_arguments", "normalise_value"]

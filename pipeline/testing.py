@@ -260,7 +260,7 @@ def write_gguf(model, tokenizer, path: str | Path) -> Path:
 
 
 def resolve_sidecar_recipe(path: str | Path, recipe: dict | None = None) -> dict:
-    """`stages.train.resolve` of one sidecar recipe, for the tests that resolve every recipe in the repo. A recipe that
+    """`stages.train.from_recipe` of one sidecar recipe, for the tests that resolve every recipe in the repo. A recipe that
     continues an adapter no longer in the tree (`train.init_adapter`; v4's v3 lives in git history only) must fail
     naming that folder; the rest of it is then resolved as if it started from scratch."""
     import copy
@@ -272,7 +272,7 @@ def resolve_sidecar_recipe(path: str | Path, recipe: dict | None = None) -> dict
     init = (recipe.get("train") or {}).get("init_adapter")
     if init and not (Path(init) / "adapter_config.json").is_file():
         try:
-            train.resolve(copy.deepcopy(recipe), str(path))
+            train.from_recipe(copy.deepcopy(recipe), str(path))
         except InputError as e:
             if str(init) not in str(e):
                 raise
@@ -281,7 +281,7 @@ def resolve_sidecar_recipe(path: str | Path, recipe: dict | None = None) -> dict
         recipe = copy.deepcopy(recipe)
         recipe["train"]["init_adapter"] = None
         recipe["train"].pop("init_grow", None)
-    return train.resolve(recipe, str(path))
+    return train.from_recipe(recipe, str(path))
 
 
 def main() -> None:

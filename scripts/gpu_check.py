@@ -85,7 +85,7 @@ def wave_check(device: str, tok, requests: list[dict], tmp: Path) -> tuple[str, 
     from pipeline.testing import make_tiny_model_dir
 
     folder = make_tiny_model_dir(tmp / "tiny-sidecar", "qwen2")
-    predict = make_wave(str(folder), dtype="float32", device=device, max_value_tokens=4)
+    predict = make_wave(model=str(folder), dtype="float32", device=device, max_value_tokens=4)
     clock = Clock(device)
     t0 = clock.now()
     answers = [predict(r) for r in requests]

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-RAW=${OOO_RAW_DATA:-../shared/data}
+RAW=$($PY -c "from pipeline.sources import raw_data_root; print(raw_data_root())")  # $OOO_RAW_DATA, else ../shared/data
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 SMOKE=data/smoke
 T0=$SECONDS

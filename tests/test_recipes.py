@@ -15,8 +15,8 @@ RECIPES = sorted(p.relative_to(ROOT) for p in (ROOT / "recipes").rglob("*") if p
 def check_teacher(path, recipe):
     from pipeline.stages import labels, traces
 
-    traces.resolve(recipe, str(path))
-    labels.resolve(recipe, str(path))
+    traces.resolve(path)
+    labels.resolve(path)
 
 
 def check_sidecar(path, recipe):
@@ -30,8 +30,8 @@ def check_sidecar(path, recipe):
 def check_eval(path, recipe):
     from pipeline.stages import eval as eval_stage
 
-    cfg = eval_stage.resolve(recipe, str(path))
-    assert cfg["methods"] and cfg["targets"]
+    cfg = eval_stage.resolve(path)
+    assert cfg.methods and cfg.targets
 
 
 def check_serve(path, recipe):
@@ -41,9 +41,9 @@ def check_serve(path, recipe):
 
 
 def check_data(path, recipe):
-    from pipeline.stages.data import DEFAULTS
+    from pipeline.stages import data
 
-    section(recipe, "data", known=set(DEFAULTS), where=str(path))
+    data.resolve(path)
 
 
 def check_models(path, recipe):

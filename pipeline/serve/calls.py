@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 
 from pipeline.jsonscan import WS, Node, read_value
-from pipeline.parsers import API_REQUEST_RE, ARG_ALIASES, parse_api_request, parse_python_calls
+from pipeline.parsers import API_REQUEST_RE, ARG_ALIASES, parse_python_calls, scan_api_requests
 
 OPENERS = ("<tool_call>", "```", "<|python_tag|>", "API-Request:")
 MARKER_RE = re.compile(r"<tool_call>|```|<\|python_tag\|>|API-Request:|[{\[]")
@@ -167,7 +167,7 @@ def _verdict(text: str, m: int, marker: str, final: bool) -> tuple[str, list[Cal
         return _body_verdict(text, m + len(marker), final)
     if marker == "API-Request:":
         hit = API_REQUEST_RE.match(text, m)
-        calls = [_parsed(c) for c in parse_api_request(hit.group(0)).calls] if hit else []
+        calls = [_parsed(c) for c in scan_api_requests(hit.group(0)).calls] if hit else []
         if calls:
             return "call", calls, hit.end()
         return ("dead" if final else "open"), [], m + 1

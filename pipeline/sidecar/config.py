@@ -1,6 +1,6 @@
 """The sidecar's settings, declared once: `SidecarConfig` (one dataclass, one set of defaults, one `validate()`).
 
-A recipe's `sidecar:` section (eval, serve), sidecar-eval's settings (`SidecarEvalConfig` extends it), the worker
+A recipe's `sidecar:` section (eval, serve), sidecar-eval's `Config` (it extends this class), the worker
 factory and `SlotWave` all read this class, so a knob has the same name, default and check everywhere:
 
     sidecar:

@@ -22,7 +22,7 @@ def sidecar_kwargs(sc: dict, where: str = "sidecar") -> dict:
     return {k: v for k, v in cfg.as_dict().items() if k in WORKER_KEYS}
 
 
-def make_wave(cores: list[int] | None = None, **settings):
+def make_wave(*, cores: list[int] | None = None, **settings):
     """Pin the worker to `cores`, load the wave once (`SlotWave` with the `SidecarConfig` fields in `settings`),
     return `predict(request) -> payload`."""
     from ..hardware import pin

@@ -4,15 +4,26 @@ Each source module exposes `BENCHMARK` (its name) and `load(root: Path) -> Sourc
 source's parameter dialect into valid JSON Schema and parses gold calls, but never "fixes" data: records it cannot
 convert are returned as counted rejects naming the file and record; gold calls that do not satisfy their schema are
 kept and counted by the `data` stage, which also assigns splits and runs the contamination filter.
+The raw files sit in one folder per source under the raw-data root, `raw_data_root()`.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 SOURCE_MODULES = ("api_bank", "toolalpaca", "bfcl", "seal_tools")
+RAW_DATA_ENV = "OOO_RAW_DATA"
+RAW_DATA_DEFAULT = "../shared/data"  # relative to the repository root, where make, the stages and pytest run
+
+
+def raw_data_root() -> Path:
+    """The raw benchmark folder (one folder per source, each with a README): $OOO_RAW_DATA, else ../shared/data.
+    The data stage's default `raw_root`, `make smoke` and the converter tests all read it here."""
+    return Path(os.environ.get(RAW_DATA_ENV) or RAW_DATA_DEFAULT)
 
 
 @dataclass

@@ -62,6 +62,7 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.io import InputError, read_json
+from pipeline.parsers import CallSyntaxError, parse_api_request
 from pipeline.sources import SourceResult
 
 BENCHMARK = "api_bank"
@@ -109,53 +110,6 @@ def api_to_tool(api: dict, where: str) -> dict:
     return {"type": "function", "function": {"name": api["name"], "description": api.get("description", ""),
                                              "parameters": {"type": "object", "properties": props,
                                                             "additionalProperties": False}}}
-
-
-class CallSyntaxError(ValueError):
-    """A call text is not `[Name(key=literal, ...)]`."""
-
-
-def _parse_call(text: str) -> tuple[str, dict[str, tuple[object, str]]]:
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except SyntaxError as e:
-        raise CallSyntaxError(f"not a Python expression ({e.msg})") from None
-    if not (isinstance(tree, ast.List) and len(tree.elts) == 1 and isinstance(tree.elts[0], ast.Call)):
-        raise CallSyntaxError("expected exactly one call inside [...]")
-    call = tree.elts[0]
-    if not isinstance(call.func, ast.Name) or call.args or any(k.arg is None for k in call.keywords):
-        raise CallSyntaxError("expected Name(key=value, ...) with keyword arguments only")
-    args = {}
-    for kw in call.keywords:
-        try:
-            value = ast.literal_eval(kw.value)
-        except ValueError:
-            raise CallSyntaxError(f"argument {kw.arg!r} is not a literal") from None
-        args[kw.arg] = (value, ast.get_source_segment(text, kw.value))
-    return call.func.id, args
-
-
-_OPEN_QUOTED = re.compile(r"(=\s*)'([\[{])")
-_CLOSE_QUOTED = re.compile(r"([\]}])'(?=\s*(?:,\s*[A-Za-z_]\w*\s*=|\)\]\s*$))")
-
-
-def parse_api_request(text: str) -> tuple[str, dict[str, tuple[object, str]], bool]:
-    """`[Name(k='v', ...)]` (optionally after `API-Request:`) -> (name, {arg: (value, source text)}, unwrapped).
-
-    `unwrapped` says whether quoted list/dict literals had to be unquoted to make the text parse.
-    """
-    text = text.strip()
-    if text.startswith("API-Request:"):
-        text = text[len("API-Request:"):].strip()
-    try:
-        name, args = _parse_call(text)
-        return name, args, False
-    except CallSyntaxError as first:
-        fixed = _CLOSE_QUOTED.sub(r"\1", _OPEN_QUOTED.sub(r"\1\2", text))
-        if fixed == text:
-            raise first
-        name, args = _parse_call(fixed)
-        return name, args, True
 
 
 def type_value(value, source: str, ptype: str | None):

@@ -13,12 +13,14 @@ files are downloaded from their pinned public sources into `raw_cache` and check
 
 from __future__ import annotations
 
-import argparse
+import copy
 import hashlib
 import json
 import statistics
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -26,23 +28,38 @@ from tqdm import tqdm
 from ..io import InputError, read_json, sha256_file, write_json, write_jsonl, write_manifest
 from ..recipes import load_recipe, section
 from ..schema import find_tool, schema_errors, tool_name, tool_params, validation_errors
-from ..sources import SOURCE_MODULES, fetch, load_source
+from ..sources import SOURCE_MODULES, fetch, load_source, raw_data_root
+from . import Flag, StageConfig
+from . import main as stage_main
 
-DEFAULTS = {
-    "raw_root": "../shared/data",
-    "out": "data/requests",
-    "sources": list(SOURCE_MODULES),
-    "eval_subsets": {"api_bank": ["level-1", "level-2"], "toolalpaca": ["eval_simulated", "eval_real"],
-                     "bfcl": ["simple_java", "simple_javascript"], "seal_tools": ["test_out_domain"]},
-    "dev_fraction": 0.1,
-    "contamination_filter": True,
-    "contamination_rules": ["gold_names_eval_tool"],
-    "limit_per_subset": None,
-    "raw_cache": "data/raw-cache",
-    "fetch": True,
-    "fetch_base_url": None,
-    "fetch_retries": 3,
-}
+EVAL_SUBSETS = {"api_bank": ["level-1", "level-2"], "toolalpaca": ["eval_simulated", "eval_real"],
+                "bfcl": ["simple_java", "simple_javascript"], "seal_tools": ["test_out_domain"]}
+
+
+@dataclass
+class Config(StageConfig):
+    """The `data:` section (recipes/data/default.yaml says what each key does)."""
+
+    raw_root: str = field(default_factory=lambda: str(raw_data_root()))  # $OOO_RAW_DATA, else ../shared/data
+    out: str = "data/requests"
+    sources: list[str] = field(default_factory=lambda: list(SOURCE_MODULES))
+    eval_subsets: dict = field(default_factory=lambda: copy.deepcopy(EVAL_SUBSETS))
+    dev_fraction: float = 0.1
+    contamination_filter: bool = True
+    contamination_rules: list[str] = field(default_factory=lambda: ["gold_names_eval_tool"])
+    limit_per_subset: int | None = None
+    raw_cache: str = "data/raw-cache"
+    fetch: bool = True
+    fetch_base_url: str | None = None
+    fetch_retries: int = 3
+    force: bool = False  # rebuild even if the output is up to date (not a setting of the output: not fingerprinted)
+
+    def fingerprinted(self) -> dict:
+        """The settings the output depends on (all but `force`), as the manifest records them."""
+        return {k: v for k, v in self.settings().items() if k != "force"}
+
+
+FLAGS = (Flag("--force", "data.force", "rebuild even if the output is up to date", switch=True),)
 SPLITS = ("train", "dev", "test")
 
 
@@ -171,29 +188,43 @@ def input_files(raw_root: Path, sources: list[str]) -> list[Path]:
     return files
 
 
-def resolve_raw_root(cfg: dict) -> Path:
+def resolve_raw_root(cfg: Config) -> Path:
     """`raw_root` when it is a folder (a local copy wins); else the pinned files, downloaded into `raw_cache`."""
-    raw_root = Path(cfg["raw_root"])
+    raw_root = Path(cfg.raw_root)
     if raw_root.is_dir():
         return raw_root
-    if not cfg["fetch"]:
+    if not cfg.fetch:
         raise InputError(f"{raw_root}: raw benchmark folder not found (set data.raw_root=PATH, or data.fetch=true "
-                         f"to download the pinned sources into {cfg['raw_cache']})")
-    print(f"{raw_root}: no local raw folder; using the pinned public sources (cache {cfg['raw_cache']})")
-    return fetch.fetch(cfg["raw_cache"], cfg["sources"], base_url=cfg["fetch_base_url"], retries=cfg["fetch_retries"])
+                         f"to download the pinned sources into {cfg.raw_cache})")
+    print(f"{raw_root}: no local raw folder; using the pinned public sources (cache {cfg.raw_cache})")
+    return fetch.fetch(cfg.raw_cache, cfg.sources, base_url=cfg.fetch_base_url, retries=cfg.fetch_retries)
 
 
-def run(cfg: dict, force: bool = False) -> dict:
-    unknown = [rule for rule in cfg["contamination_rules"] if rule not in CONTAMINATION_RULES]
+def resolve(recipe_path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """The `data:` section of the recipe (none: the defaults, = recipes/data/default.yaml) with overrides."""
+    recipe = load_recipe(recipe_path, overrides)
+    return Config(**section(recipe, "data", known=Config.keys(), where=str(recipe_path or "recipe")), recipe=recipe)
+
+
+def run(cfg: Config) -> dict:
+    """Build the requests (unless up to date), print the stats table; returns the stats (also in stats.json)."""
+    stats = build(cfg)
+    print_summary(stats, cfg.out)
+    return stats
+
+
+def build(cfg: Config) -> dict:
+    unknown = [rule for rule in cfg.contamination_rules if rule not in CONTAMINATION_RULES]
     if unknown:
         raise InputError(f"data.contamination_rules: unknown rule(s) {unknown}; expected some of "
                          f"{list(CONTAMINATION_RULES)}")
-    raw_root, out = resolve_raw_root(cfg), Path(cfg["out"])
-    inputs = input_files(raw_root, cfg["sources"])
-    fingerprint = hashlib.sha256(json.dumps([cfg, [sha256_file(p) for p in inputs]], sort_keys=True,
+    raw_root, out = resolve_raw_root(cfg), Path(cfg.out)
+    inputs = input_files(raw_root, cfg.sources)
+    settings = cfg.fingerprinted()
+    fingerprint = hashlib.sha256(json.dumps([settings, [sha256_file(p) for p in inputs]], sort_keys=True,
                                             default=str).encode()).hexdigest()
     manifest = out / "manifest.json"
-    if (not force and (out / "stats.json").exists() and manifest.exists()
+    if (not cfg.force and (out / "stats.json").exists() and manifest.exists()
             and read_json(manifest).get("fingerprint") == fingerprint):
         print(f"{out}: up to date (same recipe and inputs; --force to rebuild)")
         return read_json(out / "stats.json")
@@ -201,16 +232,16 @@ def run(cfg: dict, force: bool = False) -> dict:
     # Load and check every source
     by_bench: dict[str, list[dict]] = {}
     rejects, notes, why_no_training = {}, {}, {}
-    for name in tqdm(cfg["sources"], desc="sources", unit="source"):
+    for name in tqdm(cfg.sources, desc="sources", unit="source"):
         mod = load_source(name)
         res = mod.load(raw_root / name)
         reqs = res.requests
-        if cfg.get("limit_per_subset"):
+        if cfg.limit_per_subset:
             seen: Counter = Counter()
             kept = []
             for r in reqs:
                 seen[r.get("subset", "")] += 1
-                if seen[r.get("subset", "")] <= cfg["limit_per_subset"]:
+                if seen[r.get("subset", "")] <= cfg.limit_per_subset:
                     kept.append(r)
             reqs = kept
         ids = Counter(r["id"] for r in reqs)
@@ -234,9 +265,9 @@ def run(cfg: dict, force: bool = False) -> dict:
     # Assign splits
     split_of: dict[str, dict[str, list[dict]]] = {b: {s: [] for s in SPLITS} for b in by_bench}
     for bench, reqs in by_bench.items():
-        eval_subsets = set(cfg["eval_subsets"].get(bench, []))
+        eval_subsets = set(cfg.eval_subsets.get(bench, []))
         for r in reqs:
-            r["split"] = "test" if r.get("subset") in eval_subsets else hash_split(r["id"], cfg["dev_fraction"])
+            r["split"] = "test" if r.get("subset") in eval_subsets else hash_split(r["id"], cfg.dev_fraction)
             split_of[bench][r["split"]].append(r)
 
     # Benchmarks without training data say so (and why, where the source module knows)
@@ -245,7 +276,7 @@ def run(cfg: dict, force: bool = False) -> dict:
 
     # Contamination filter: train/dev requests that touch a tool offered by an evaluation set (CONTAMINATION_RULES)
     eval_names = contamination_names([r for b in split_of.values() for r in b["test"]])
-    rules = cfg["contamination_rules"] if cfg["contamination_filter"] else []
+    rules = cfg.contamination_rules if cfg.contamination_filter else []
     removed: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
     removed_examples: dict[str, list[str]] = defaultdict(list)
     for bench, splits in split_of.items():
@@ -275,7 +306,7 @@ def run(cfg: dict, force: bool = False) -> dict:
             stats["benchmarks"][bench][split] = s
     stats["table"] = format_table(stats)
     write_json(out / "stats.json", stats)
-    write_manifest(out, "data", cfg, inputs, extra={"fingerprint": fingerprint, "bfcl_eval": _bfcl_version()})
+    write_manifest(out, "data", settings, inputs, extra={"fingerprint": fingerprint, "bfcl_eval": _bfcl_version()})
     return stats
 
 
@@ -288,19 +319,7 @@ def _bfcl_version() -> str | None:
         return None
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.stages.data", description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default=None, help="recipe YAML (default: built-in defaults = recipes/data/default.yaml)")
-    ap.add_argument("--force", action="store_true", help="rebuild even if the output is up to date")
-    ap.add_argument("overrides", nargs="*", help="data.key=value overrides")
-    args = ap.parse_args(argv)
-    recipe = load_recipe(args.recipe, args.overrides)
-    cfg = {**DEFAULTS, **section(recipe, "data", known=set(DEFAULTS), where=args.recipe or "recipe")}
-    try:
-        stats = run(cfg, force=args.force)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+def print_summary(stats: dict, out: str) -> None:
     print(stats["table"])
     for bench, rej in stats["rejects"].items():
         if rej:
@@ -313,8 +332,12 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{bench}: removed by contamination rule: {per_split}")
     for bench, why in stats["no_training_data"].items():
         print(f"{bench}: no training data: {why}")
-    print(f"wrote {cfg['out']}/<benchmark>/<split>.jsonl and {cfg['out']}/stats.json")
-    return stats
+    print(f"wrote {out}/<benchmark>/<split>.jsonl and {out}/stats.json")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """The command line (the stage contract: pipeline/stages/__init__.py)."""
+    return stage_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

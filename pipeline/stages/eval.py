@@ -18,8 +18,9 @@ measured cost curve, the tree budget's input.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,16 +36,36 @@ from ..eval.runner import ALL_METHODS, PEERS, HFPeers, Runner, variant, variants
 from ..runtime.schedule import WAVE_CHUNK
 from ..sidecar.config import SidecarConfig
 from ..sidecar.factory import FACTORY, sidecar_kwargs
+from . import StageConfig
+from . import main as stage_main
 
-KNOWN = {"run", "out", "requests_root", "split", "benchmarks", "targets", "methods", "sidecar", "assistant",
-         "schedules", "max_new_tokens", "hf_pld_tokens", "threads", "warmup", "seed",
-         "prefix_cache", "tree_budget", "prefill_once", "drop_busy_rows", "prefill_chunk", "wave_chunk",
-         "layer_switch"}
-DEFAULTS = {"out": "eval/results", "requests_root": "data/requests", "split": "test", "schedules": ["adaptive"],
-            "max_new_tokens": 256, "hf_pld_tokens": 10, "threads": None,
-            "methods": list(ALL_METHODS), "sidecar": None, "assistant": None, "warmup": True, "seed": 0,
-            "prefix_cache": True, "tree_budget": "auto", "prefill_once": True, "drop_busy_rows": True,
-            "prefill_chunk": None, "wave_chunk": WAVE_CHUNK, "layer_switch": False}
+
+@dataclass
+class Config(StageConfig):
+    """The `eval:` section (recipes/eval/cpu.yaml says what each key does and costs)."""
+
+    targets: list[dict]                     # [{name, path, dtype?, device?, chat_template_kwargs?, backend?, gguf?}]
+    benchmarks: dict[str, int | None]       # benchmark -> evenly spaced test requests (None: all)
+    run: str = "run"                        # eval/results/<run>/; default: the recipe's name
+    out: str = "eval/results"
+    requests_root: str = "data/requests"
+    split: str = "test"
+    methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
+    schedules: list[str] = field(default_factory=lambda: ["adaptive"])
+    sidecar: dict | None = None             # the ooo sidecar: SidecarConfig's fields (pipeline/sidecar/config.py)
+    assistant: dict | None = None           # hf-assisted's draft model: {path}
+    max_new_tokens: int = 256
+    hf_pld_tokens: int = 10
+    threads: int | None = None
+    warmup: bool = True
+    seed: int = 0
+    prefix_cache: bool = True
+    tree_budget: str | int = "auto"
+    prefill_once: bool = True
+    drop_busy_rows: bool = True
+    prefill_chunk: int | None = None
+    wave_chunk: int = WAVE_CHUNK
+    layer_switch: bool = False
 
 
 def round_robin(requests: dict[str, list[dict]]) -> list[tuple[str, dict]]:
@@ -55,65 +76,80 @@ def round_robin(requests: dict[str, list[dict]]) -> list[tuple[str, dict]]:
     return [pair for row in rows for pair in row if pair is not None]
 
 
-def benchmark_requests(cfg: dict) -> dict[str, list[dict]]:
+def benchmark_requests(cfg: Config) -> dict[str, list[dict]]:
     """Each benchmark's test requests; a limit takes evenly spaced ones (every subset in proportion)."""
-    return {bench: load_requests(Path(cfg["requests_root"]) / bench / f"{cfg['split']}.jsonl", limit, how="even")
-            for bench, limit in (cfg["benchmarks"] or {}).items()}
+    return {bench: load_requests(Path(cfg.requests_root) / bench / f"{cfg.split}.jsonl", limit, how="even")
+            for bench, limit in (cfg.benchmarks or {}).items()}
 
 
-def resolve(recipe: dict, where: str = "recipe") -> dict:
+def resolve(recipe_path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
     """The `eval:` section with defaults, checked: known keys, methods, schedules, targets and benchmarks present."""
     from ..runtime.backend import BACKENDS
     from ..runtime.schedule import SCHEDULES
 
-    cfg = {**DEFAULTS, **section(recipe, "eval", known=KNOWN, where=where)}
-    cfg.setdefault("run", recipe.get("recipe_name", "run"))
+    if recipe_path is None:
+        raise InputError("eval: --recipe is required (a recipes/eval/*.yaml file)")
+    recipe, where = load_recipe(recipe_path, overrides), str(recipe_path)
+    sec = dict(section(recipe, "eval", known=Config.keys(), where=where))
+    sec.setdefault("run", recipe.get("recipe_name", "run"))
     for k in ("targets", "benchmarks"):
-        if not cfg.get(k):
+        if not sec.get(k):
             raise InputError(f"{where}: eval.{k} is required")
-    unknown = sorted(set(cfg["methods"]) - set(ALL_METHODS))
+    cfg = Config(**sec, recipe=recipe)
+    unknown = sorted(set(cfg.methods) - set(ALL_METHODS))
     if unknown:
         raise InputError(f"{where}: eval.methods: unknown {unknown}; expected some of {ALL_METHODS}")
-    bad = sorted(set(cfg["schedules"]) - set(SCHEDULES))
+    bad = sorted(set(cfg.schedules) - set(SCHEDULES))
     if bad:
         raise InputError(f"{where}: eval.schedules: unknown {bad}; expected some of {SCHEDULES}")
-    for i, t in enumerate(cfg["targets"]):
+    for i, t in enumerate(cfg.targets):
         extra = sorted(set(t) - {"name", "path", "dtype", "device", "chat_template_kwargs", "backend", "gguf"})
         if not {"name", "path"} <= set(t) or extra:
             raise InputError(f"{where}: eval.targets[{i}] needs name and path (and may set dtype, device, "
                              f"chat_template_kwargs, backend, gguf); got {sorted(t)}")
         if t.get("backend", "transformers") not in BACKENDS:
             raise InputError(f"{where}: eval.targets[{i}].backend {t['backend']!r}; expected one of {sorted(BACKENDS)}")
-    if "ooo" in cfg["methods"] and not cfg.get("sidecar"):
+    if "ooo" in cfg.methods and not cfg.sidecar:
         raise InputError(f"{where}: eval.methods has 'ooo' but eval.sidecar is not set (model, adapter)")
     return cfg
 
 
-def run(cfg: dict, recipe: dict) -> Path:
-    run_dir = Path(cfg["out"]) / cfg["run"]
-    methods = list(cfg["methods"])
+def run(cfg: Config) -> Path:
+    """Decode every missing row, render the report and print its summary; returns the run folder."""
+    interrupt_on_sigterm()
+    run_dir = decode(cfg)
+    from ..eval.report import render
+
+    render(run_dir, drop_busy=cfg.drop_busy_rows)
+    print((run_dir / "summary.md").read_text())
+    return run_dir
+
+
+def decode(cfg: Config) -> Path:
+    run_dir = Path(cfg.out) / cfg.run
+    methods = list(cfg.methods)
     if "ooo" in methods:  # a missing sidecar model or adapter stops the run once, before any target loads
-        sidecar_kwargs(cfg["sidecar"], "eval.sidecar")
+        sidecar_kwargs(cfg.sidecar, "eval.sidecar")
     requests = benchmark_requests(cfg)
-    sc = cfg.get("sidecar") or None
+    sc = cfg.sidecar or None
     ident = sidecar_identity(sc) if sc and "ooo" in methods else None
-    chunk, switch = wave_chunk(cfg), bool(cfg["layer_switch"])
+    chunk, switch = wave_chunk(cfg.prefill_chunk, cfg.wave_chunk, cfg.layer_switch), bool(cfg.layer_switch)
     # rows accumulate over sessions: a sidecar row made with another adapter (or an unrecorded one), or an adaptive
     # row made with another prefill chunk beside the wave or another layer switch, is redone
     writer = ResumableJsonl(run_dir / "rows.jsonl", key="key",
                             redo=lambda row: stale_sidecar_row(row, ident, chunk, switch))
     done = writer.rows()  # by key: a finished ar row is the oracle's hint
-    inputs = [Path(cfg["requests_root"]) / b / f"{cfg['split']}.jsonl" for b in requests]
+    inputs = [Path(cfg.requests_root) / b / f"{cfg.split}.jsonl" for b in requests]
     old = run_dir / "manifest.json"  # rows accumulate over runs: keep the curves of targets measured before
     curves = dict(read_json(old).get("cost_curves") or {}) if old.is_file() else {}
     dtype, decoded = resolve_dtype("auto"), False
     try:
-        for tcfg in cfg["targets"]:
+        for tcfg in cfg.targets:
             tname = tcfg["name"]
             tmethods = target_methods(cfg, tcfg)
             todo = [(b, r) for b, r in round_robin(requests)
                     if any(f"{tname}|{b}|{r['id']}|{v}" not in done
-                           for v in (variant(m, s) for m, s in variants(tmethods, cfg["schedules"])))]
+                           for v in (variant(m, s) for m, s in variants(tmethods, cfg.schedules)))]
             if not todo:
                 continue
             decoded = True
@@ -123,15 +159,15 @@ def run(cfg: dict, recipe: dict) -> Path:
     finally:
         writer.finish()  # also when stopped: the rows so far, whole, for the next run (and git) to continue
         if decoded or not old.is_file():  # a run that decoded nothing keeps the manifest of the run that did
-            write_manifest(run_dir, "eval", recipe, inputs,
-                           extra={"machine": machine(dtype, cfg["threads"]), "cost_curves": curves,
+            write_manifest(run_dir, "eval", cfg.recipe, inputs,
+                           extra={"machine": machine(dtype, cfg.threads), "cost_curves": curves,
                                   "sidecar": ident,
                                   "git_commit": git_commit(run_dir)})
         seal(run_dir)
     return run_dir
 
 
-def eval_target(cfg: dict, tcfg: dict, todo: list, tmethods: list[str], dtype, writer, done: dict, curves: dict,
+def eval_target(cfg: Config, tcfg: dict, todo: list, tmethods: list[str], dtype, writer, done: dict, curves: dict,
                 ident: dict | None, chunk: int | None, switch: bool, run_dir: Path) -> None:
     """One target's rows. Everything it loads (target, runner, peers, sidecar workers, prefix cache, memo) lives in
     this call's frame only, so it can be freed before the next target loads (`release`): 14B then 32B on one 80 GB
@@ -139,29 +175,29 @@ def eval_target(cfg: dict, tcfg: dict, todo: list, tmethods: list[str], dtype, w
     from ..runtime.backend import load_target
 
     tname = tcfg["name"]
-    torch.set_num_threads(cfg["threads"] or len(available_cores()))
+    torch.set_num_threads(cfg.threads or len(available_cores()))
     backend = tcfg.get("backend", "transformers")
-    kw = {"threads": cfg["threads"] or len(available_cores())} if backend == "llamacpp" else {}
+    kw = {"threads": cfg.threads or len(available_cores())} if backend == "llamacpp" else {}
     target = load_target(backend, tcfg["path"], dtype=dtype, device=tcfg.get("device", "cpu"), gguf=tcfg.get("gguf"),
-                         chat_template_kwargs=tcfg.get("chat_template_kwargs"), prefix_cache=cfg["prefix_cache"], **kw)
+                         chat_template_kwargs=tcfg.get("chat_template_kwargs"), prefix_cache=cfg.prefix_cache, **kw)
     target.name = tname
-    if cfg["tree_budget"] == "auto":
+    if cfg.tree_budget == "auto":
         curves[tname] = target.calibrate().as_dict()
     peers = make_peers(cfg, backend, target, dtype) if set(tmethods) & set(PEERS) else None
     sidecar = None
-    sc = cfg.get("sidecar") or None
+    sc = cfg.sidecar or None
     if sc and "ooo" in tmethods:
         sidecar = {"factory": FACTORY, "kwargs": sidecar_kwargs(sc, "eval.sidecar")}
     runner = None
     try:
-        runner = Runner(target, tmethods, run=cfg["run"], schedules=cfg["schedules"], sidecar=sidecar,
-                        peers=peers, max_new_tokens=cfg["max_new_tokens"], seed=cfg["seed"],
-                        threads=cfg["threads"], sidecar_timeout_s=SidecarConfig.from_section(sc or {}).timeout_s,
-                        tree_budget=cfg["tree_budget"], prefill_once=cfg["prefill_once"],
-                        prefill_chunk=cfg["prefill_chunk"], wave_chunk=cfg["wave_chunk"], layer_switch=switch)
-        if cfg["warmup"]:
+        runner = Runner(target, tmethods, run=cfg.run, schedules=cfg.schedules, sidecar=sidecar,
+                        peers=peers, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                        threads=cfg.threads, sidecar_timeout_s=SidecarConfig.from_section(sc or {}).timeout_s,
+                        tree_budget=cfg.tree_budget, prefill_once=cfg.prefill_once,
+                        prefill_chunk=cfg.prefill_chunk, wave_chunk=cfg.wave_chunk, layer_switch=switch)
+        if cfg.warmup:
             runner.warmup(todo[0][1])
-        mach = machine(dtype, cfg["threads"])  # rows accumulate over sessions: each says where it ran
+        mach = machine(dtype, cfg.threads)  # rows accumulate over sessions: each says where it ran
         where = {"cpu": mach["cpu"]["model"], "flags": mach["cpu"]["flags"], "torch": mach.get("torch"),
                  "dtype": mach.get("dtype"), "commit": git_commit(run_dir), **gpu_stamp(mach)}
         for bench, req in tqdm(todo, desc=f"eval {tname}", unit="req"):
@@ -199,13 +235,12 @@ def release() -> None:
         torch.cuda.empty_cache()
 
 
-def wave_chunk(cfg: dict) -> int | None:
+def wave_chunk(prefill_chunk: int | None, chunk: int, layer_switch: bool = False) -> int | None:
     """The longest prefill chunk of an adaptive row while the wave holds a core (None: prefill is not chunked; with
     `layer_switch` the chunks stay whole: the core comes back between layers)."""
-    if not cfg.get("prefill_chunk"):
+    if not prefill_chunk:
         return None
-    return int(cfg["prefill_chunk"]) if cfg.get("layer_switch") else min(int(cfg["prefill_chunk"]),
-                                                                         int(cfg["wave_chunk"]))
+    return int(prefill_chunk) if layer_switch else min(int(prefill_chunk), int(chunk))
 
 
 def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None, layer_switch: bool = False) -> bool:
@@ -231,27 +266,27 @@ def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None, l
             or made.get("quantize") != ident.get("quantize"))
 
 
-def target_methods(cfg: dict, tcfg: dict) -> list[str]:
+def target_methods(cfg: Config, tcfg: dict) -> list[str]:
     """The methods run on one target: the peers of its backend only, and no peer that would draft with the target
     itself (an assistant that is this target)."""
-    assistant = (cfg.get("assistant") or {}).get("path")
+    assistant = (cfg.assistant or {}).get("path")
     same = assistant and Path(assistant).resolve() == Path(tcfg["path"]).resolve()
     backend = tcfg.get("backend", "transformers")
-    return [m for m in cfg["methods"] if not (m in ("hf-assisted", "llama-draft") and same)
+    return [m for m in cfg.methods if not (m in ("hf-assisted", "llama-draft") and same)
             and PEER_BACKENDS.get(m, backend) == backend]
 
 
-def make_peers(cfg: dict, backend: str, target, dtype):
+def make_peers(cfg: Config, backend: str, target, dtype):
     """The peers of the target's backend: transformers' (`HFPeers`) or llama-cpp-python's (`LlamaCppPeers`, its
     draft model the assistant's GGUF: `eval.assistant.gguf`, else the assistant folder's source GGUF)."""
-    assistant = cfg.get("assistant") or {}
+    assistant = cfg.assistant or {}
     if backend == "transformers":
-        return HFPeers(target, assistant.get("path"), dtype, cfg["hf_pld_tokens"])
+        return HFPeers(target, assistant.get("path"), dtype, cfg.hf_pld_tokens)
     from ..eval.llamacpp_peers import LlamaCppPeers
     from ..runtime.backend import gguf_of
 
     draft = assistant.get("gguf") or (gguf_of(assistant["path"]) if assistant.get("path") else None)
-    return LlamaCppPeers(target, draft, cfg["hf_pld_tokens"])
+    return LlamaCppPeers(target, draft, cfg.hf_pld_tokens)
 
 
 def sidecar_identity(sc: dict) -> dict:
@@ -287,23 +322,8 @@ def git_commit(own: Path | None = None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.stages.eval", description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", required=True)
-    ap.add_argument("overrides", nargs="*", help="eval.key=value overrides")
-    args = ap.parse_args(argv)
-    interrupt_on_sigterm()
-    try:
-        recipe = load_recipe(args.recipe, args.overrides)
-        cfg = resolve(recipe, args.recipe)
-        run_dir = run(cfg, recipe)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    from ..eval.report import render
-
-    render(run_dir, drop_busy=cfg["drop_busy_rows"])
-    print((run_dir / "summary.md").read_text())
-    return run_dir
+    """The command line (the stage contract: pipeline/stages/__init__.py)."""
+    return stage_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

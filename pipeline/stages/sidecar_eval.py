@@ -22,11 +22,11 @@ Writes into `<out>` (default `<adapter>/sidecar_eval/`):
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..artifacts import seal
@@ -36,6 +36,8 @@ from ..recipes import load_recipe, section
 from ..eval.report import BUSY_FOREIGN_CORES as BUSY_CORES
 from ..requests import load_requests
 from ..sidecar.config import SidecarConfig
+from . import StageConfig
+from . import main as stage_main
 from ..sidecar.accuracy import (adapter_of, base_model_of, load_labels, markdown_table, misses_table, prediction_row,
                                 reference_call, reparse_row, request_misses, row_prediction, score_request, summarize)
 
@@ -43,7 +45,7 @@ BACKENDS = ("transformers", "vllm")
 
 
 @dataclass
-class SidecarEvalConfig(SidecarConfig):
+class Config(StageConfig, SidecarConfig):
     """The wave's settings (`SidecarConfig`: model, adapter, dtype, merge_adapter, slot_tools, quantize, ...; the
     same names and defaults as a recipe's `sidecar:` section) and what to judge it on."""
     requests: list[str] = field(default_factory=list)  # request JSONL files (globs allowed); required
@@ -59,16 +61,24 @@ class SidecarEvalConfig(SidecarConfig):
     fresh: bool = False                     # ignore earlier predictions
 
 
-KEYS = set(SidecarEvalConfig.__dataclass_fields__)
+KEYS = Config.keys()  # every field but `recipe` (StageConfig.keys)
 FINGERPRINT_KEYS = ("model", "adapter", "backend", "max_value_tokens", "dtype", "merge_adapter", "tool_block",
                     "chat_template_kwargs", "required_values", "slot_tools")
 
 
-def resolve(recipe: dict, where_: str = "recipe") -> SidecarEvalConfig:
+def resolve(recipe_path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
+    """The sidecar recipe's `sidecar_eval:` section with overrides, checked (`from_recipe`)."""
+    if recipe_path is None:
+        raise InputError("sidecar_eval: --recipe is required (a recipes/sidecar/*.yaml file with a sidecar_eval: "
+                         "section)")
+    return from_recipe(load_recipe(recipe_path, overrides), str(recipe_path))
+
+
+def from_recipe(recipe: dict, where_: str = "recipe") -> Config:
     sec = dict(section(recipe, "sidecar_eval", KEYS, where_))
     if not sec.get("requests"):
         raise InputError(f"{where_}: sidecar_eval.requests is required (request JSONL files, globs allowed)")
-    cfg = SidecarEvalConfig(**sec)
+    cfg = Config(**sec, recipe=recipe)
     if isinstance(cfg.requests, str):
         cfg.requests = [cfg.requests]
     if cfg.backend not in BACKENDS:
@@ -94,7 +104,7 @@ def resolve(recipe: dict, where_: str = "recipe") -> SidecarEvalConfig:
     return cfg
 
 
-def request_paths(cfg: SidecarEvalConfig) -> list[str]:
+def request_paths(cfg: Config) -> list[str]:
     paths = []
     for pattern in cfg.requests:
         found = sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else [pattern]
@@ -104,7 +114,7 @@ def request_paths(cfg: SidecarEvalConfig) -> list[str]:
     return paths
 
 
-def label_paths(cfg: SidecarEvalConfig) -> list[Path]:
+def label_paths(cfg: Config) -> list[Path]:
     if not cfg.teacher:
         return []
     folder = Path(cfg.data_dir) / "labels" / cfg.teacher
@@ -133,13 +143,13 @@ def text_answers(labels_files: list[Path]) -> set[str]:
     return {r["id"] for _, r in iter_jsonl(path) if r.get("reason") == "unparsed" and r.get("detail") == NO_CALL}
 
 
-def out_dir(cfg: SidecarEvalConfig) -> Path:
+def out_dir(cfg: Config) -> Path:
     if cfg.out:
         return Path(cfg.out)
     return (Path(cfg.adapter) if cfg.adapter else Path("eval/sidecar") / Path(cfg.model).name) / "sidecar_eval"
 
 
-def fingerprint(cfg: SidecarEvalConfig) -> str:
+def fingerprint(cfg: Config) -> str:
     """What the predictions depend on: a change starts them afresh."""
     fields = {k: getattr(cfg, k) for k in FINGERPRINT_KEYS}
     for key in ("quantize", "prepack"):  # only when set: predictions made before the key existed keep their fingerprint
@@ -151,7 +161,7 @@ def fingerprint(cfg: SidecarEvalConfig) -> str:
     return text + (sha256_file(weights[0]) if weights else "")
 
 
-def make_wave(cfg: SidecarEvalConfig):
+def make_wave(cfg: Config):
     kwargs = dict(max_value_tokens=cfg.max_value_tokens, chat_template_kwargs=cfg.chat_template_kwargs,
                   compact=None if cfg.tool_block is None else cfg.tool_block == "compact",
                   required_values=cfg.required_values)
@@ -170,7 +180,7 @@ def make_wave(cfg: SidecarEvalConfig):
     return SlotWave(cfg.model, cfg.adapter, config=SidecarConfig(**settings), **kwargs)
 
 
-def predict(cfg: SidecarEvalConfig, requests: list[dict], preds_path: Path) -> dict[str, dict]:
+def predict(cfg: Config, requests: list[dict], preds_path: Path) -> dict[str, dict]:
     """Prediction rows of `requests`, resumed from `preds_path` when it holds the same fingerprint."""
     fp = fingerprint(cfg)
     for path in (preds_path, preds_path.with_name(preds_path.name + ".partial")):
@@ -245,7 +255,7 @@ def score(requests: list[dict], rows: dict[str, dict], labels: dict[str, dict],
     return summarize(scores, skipped)
 
 
-def machine_line(cfg: SidecarEvalConfig, rows: dict[str, dict]) -> str:
+def machine_line(cfg: Config, rows: dict[str, dict]) -> str:
     """The machine the waves ran on and whether anything else ran beside them (busy: other processes used more than
     BUSY_CORES cores on average during a wave; waves predicted before cpu_s was recorded are not counted)."""
     m = machine("float32" if cfg.quantize else cfg.dtype, cfg.threads)
@@ -258,7 +268,7 @@ def machine_line(cfg: SidecarEvalConfig, rows: dict[str, dict]) -> str:
             f"{len(timed)} timed (other processes used more than {BUSY_CORES} cores during the wave).")
 
 
-def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
+def run(cfg: Config) -> dict:
     """Predict, score, write; returns what accuracy.json holds."""
     paths, labels_files = request_paths(cfg), label_paths(cfg)
     requests = load_requests(paths, cfg.limit, how="even")
@@ -274,7 +284,7 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
     # and without the requests the target answered with text (judged by gold above, where the target calls nothing)
     text = sorted(text_answers(labels_files) & {r["id"] for r in requests})
     summary_calls = score([r for r in requests if r["id"] not in text], rows, labels) if text else None
-    config = {k: v for k, v in asdict(cfg).items() if k not in ("fresh", "threads", "batch")}
+    config = {k: v for k, v in cfg.settings().items() if k not in ("fresh", "threads", "batch")}
     rejected = rejected_file(labels_files)
     inputs = [*paths, *map(str, labels_files), *([str(rejected)] if rejected else [])]
     result = {"summary": summary, "reference": summary["all"]["reference"], "summary_gold": summary_gold,
@@ -295,7 +305,7 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
               + misses_table(misses))
     with atomic_open(out / "accuracy.md") as f:
         f.write(table)
-    write_manifest(out, "sidecar_eval", {"recipe": recipe, "resolved": config}, inputs)
+    write_manifest(out, "sidecar_eval", {"recipe": cfg.recipe, "resolved": config}, inputs)
     seal(out)
     print(table + f"\nwrote {out} ({summary['all']['requests']} scored, {summary['all']['skipped']} skipped without a "
                   "reference call)")
@@ -303,16 +313,9 @@ def run(cfg: SidecarEvalConfig, recipe: dict | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", required=True, help="a recipes/sidecar/*.yaml file with a sidecar_eval: section")
-    ap.add_argument("overrides", nargs="*", help="key=value (sidecar_eval.limit=25 sidecar_eval.adapter=DIR ...)")
-    args = ap.parse_args(argv)
-    recipe = load_recipe(args.recipe, args.overrides)
-    return run(resolve(recipe, args.recipe), recipe)
+    """The command line (the stage contract: pipeline/stages/__init__.py)."""
+    return stage_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except InputError as e:
-        sys.exit(f"error: {e}")
+    main()

@@ -23,18 +23,20 @@ Model libraries are imported lazily so this module also loads in the vLLM venv (
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..hardware import machine
 from ..artifacts import seal
-from ..io import InputError, ResumableJsonl, interrupt_on_sigterm, read_json, write_manifest
+from ..io import InputError, ResumableJsonl, interrupt_on_sigterm, looks_like_hub_id, read_json, write_manifest
 from ..recipes import load_recipe, section
 from ..requests import load_requests, render_prompt, sample, stop_token_ids
+from . import StageConfig
+from . import main as stage_main
 
 BACKENDS = ("vllm", "transformers", "runtime", "gold")
 # vLLM's own default of sequences in flight (max_num_seqs): a chunk this size keeps its batch full, and a crash (an
@@ -43,7 +45,7 @@ VLLM_CHUNK = 256
 
 
 @dataclass
-class TracesConfig:
+class Config(StageConfig):
     teacher: str
     model: str                              # local folder or hub id (tokenizer + chat template; weights unless gold)
     backend: str = "transformers"
@@ -70,15 +72,18 @@ class TracesConfig:
                                             # (a crash loses at most one chunk); 0 = the whole split at once
     vllm_kwargs: dict = field(default_factory=dict)  # extra vllm.LLM arguments (gpu_memory_utilization, ...)
     env: dict = field(default_factory=dict)  # environment set before the backend loads (VLLM_CPU_KVCACHE_SPACE ...)
-    tiny_family: str | None = None          # tests/smoke: build a tiny random model at `model` if it is missing
 
 
 PICKS = ("shuffle", "even")
 TOP_KEYS = {"recipe_name", "teacher", "data_dir", "benchmarks", "splits", "traces", "labels"}
-TRACE_KEYS = set(TracesConfig.__dataclass_fields__) - {"teacher", "data_dir", "benchmarks", "splits"}
+TRACE_KEYS = Config.keys() - {"teacher", "data_dir", "benchmarks", "splits"}
 
 
-def resolve(config: dict, where_: str = "recipe") -> TracesConfig:
+def resolve(recipe_path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
+    """The teacher recipe's top-level keys and `traces:` section, with overrides, checked."""
+    if recipe_path is None:
+        raise InputError("traces: --recipe is required (a recipes/teacher/*.yaml file)")
+    config, where_ = load_recipe(recipe_path, overrides), str(recipe_path)
     bad = sorted(set(config) - TOP_KEYS)
     if bad:
         raise InputError(f"{where_}: unknown top-level key(s) {bad}; expected one of {sorted(TOP_KEYS)}")
@@ -89,7 +94,7 @@ def resolve(config: dict, where_: str = "recipe") -> TracesConfig:
     if not teacher:
         raise InputError(f"{where_}: `teacher` (output folder name) is required")
     top = {k: config[k] for k in ("data_dir", "benchmarks", "splits") if k in config}
-    cfg = TracesConfig(teacher=teacher, **top, **sec)
+    cfg = Config(teacher=teacher, **top, **sec, recipe=config)
     if cfg.backend not in BACKENDS:
         raise InputError(f"{where_}: traces.backend {cfg.backend!r}; expected one of {BACKENDS}")
     if isinstance(cfg.splits, str):
@@ -152,7 +157,7 @@ def strip_end(tokenizer, text: str) -> str:
     return text[:min((text.find(e) for e in ends if e in text), default=len(text))]
 
 
-def error_row(cfg: TracesConfig, rid: str, error: str, prompt_tokens: int = 0, latency: float = 0.0) -> dict:
+def error_row(cfg: Config, rid: str, error: str, prompt_tokens: int = 0, latency: float = 0.0) -> dict:
     return {"id": rid, "teacher": cfg.teacher, "backend": cfg.backend, "text": "", "prompt_tokens": prompt_tokens,
             "completion_tokens": 0, "finish_reason": "error", "latency_s": round(latency, 3), "error": error}
 
@@ -166,7 +171,7 @@ def describe(e: BaseException) -> str:
 class Backend:
     """A loaded teacher. `prepare` renders one request (raising on failure); `run` answers a batch of prepared ones."""
 
-    def __init__(self, cfg: TracesConfig):
+    def __init__(self, cfg: Config):
         self.cfg = cfg
         self.tokenizer = None
 
@@ -193,7 +198,7 @@ class Backend:
 
 
 class GoldBackend(Backend):
-    def __init__(self, cfg: TracesConfig):
+    def __init__(self, cfg: Config):
         super().__init__(cfg)
         from transformers import AutoTokenizer
 
@@ -209,7 +214,7 @@ class GoldBackend(Backend):
 
 
 class TransformersBackend(Backend):
-    def __init__(self, cfg: TracesConfig):
+    def __init__(self, cfg: Config):
         super().__init__(cfg)
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -246,7 +251,7 @@ class TransformersBackend(Backend):
 
 
 class VllmBackend(Backend):
-    def __init__(self, cfg: TracesConfig):
+    def __init__(self, cfg: Config):
         super().__init__(cfg)
         from vllm import LLM, SamplingParams
 
@@ -276,7 +281,7 @@ class VllmBackend(Backend):
 class RuntimeBackend(Backend):
     """Batch 1 through the speculative runtime, the gold call as the hint (see the module docstring)."""
 
-    def __init__(self, cfg: TracesConfig):
+    def __init__(self, cfg: Config):
         super().__init__(cfg)
         from ..hardware import resolve_dtype
         from ..runtime import Target
@@ -309,13 +314,12 @@ class RuntimeBackend(Backend):
         return rows
 
 
-def load_backend(cfg: TracesConfig) -> Backend:
+def load_backend(cfg: Config) -> Backend:
     for k, v in cfg.env.items():
         os.environ[str(k)] = str(v)
-    if cfg.tiny_family and not Path(cfg.model).exists():
-        from ..testing import make_tiny_model_dir
-
-        make_tiny_model_dir(cfg.model, cfg.tiny_family)
+    if not Path(cfg.model).exists() and not looks_like_hub_id(cfg.model):
+        raise InputError(f"traces.model={cfg.model!r}: no such model folder (and not a hub id); build it first "
+                         "(`make models`, or for the tiny recipes `python -m pipeline.testing <folder>`)")
     return {"gold": GoldBackend, "transformers": TransformersBackend, "runtime": RuntimeBackend,
             "vllm": VllmBackend}[cfg.backend](cfg)
 
@@ -332,7 +336,7 @@ def run_batch(backend: Backend, batch: list[tuple[dict, list[int]]]) -> list[dic
         return [row for item in batch for row in run_batch(backend, [item])]
 
 
-def make_batches(prepared: list[tuple[dict, list[int]]], cfg: TracesConfig) -> list[list]:
+def make_batches(prepared: list[tuple[dict, list[int]]], cfg: Config) -> list[list]:
     """Consecutive batches of the length-sorted requests: vllm takes `vllm_chunk` (all) at once; otherwise at most
     `batch_size` requests and, with `max_batch_tokens`, at most that many padded prompt tokens."""
     if cfg.backend == "vllm":
@@ -352,7 +356,7 @@ def make_batches(prepared: list[tuple[dict, list[int]]], cfg: TracesConfig) -> l
     return batches
 
 
-def run_split(backend: Backend, cfg: TracesConfig, split: str, requests: list[dict], report: dict | None = None) -> dict:
+def run_split(backend: Backend, cfg: Config, split: str, requests: list[dict], report: dict | None = None) -> dict:
     from tqdm import tqdm
 
     # a request that failed (an exception, not a refused prompt) is tried again by the next run
@@ -412,8 +416,19 @@ def engine_version(backend: str) -> str | None:
     return getattr(sys.modules.get(module), "__version__", None)
 
 
-def run(cfg: TracesConfig, recipe: dict | None = None) -> dict:
-    """Run the stage for every split of `cfg`; returns per-split figures (also stored in the manifest)."""
+def run(cfg: Config) -> dict:
+    """Run the stage for every split of `cfg` and print a line per split; returns per-split figures (also stored in
+    the manifest). SIGTERM stops it as Ctrl-C does: the rows so far are kept and the manifest says how far it got."""
+    interrupt_on_sigterm()
+    report = generate(cfg)
+    for split, s in report.items():
+        print(f"traces {cfg.teacher}/{split} [{cfg.backend}]: {s['written']} written ({s['errors']} errors), "
+              f"{s['already_done']} already done, {s['completion_tokens']} completion tokens in {s['wall_s']} s "
+              f"= {s['completion_tokens_per_s']} tok/s")
+    return report
+
+
+def generate(cfg: Config) -> dict:
     jobs = []
     for split in cfg.splits:
         files = request_files(cfg.data_dir, cfg.benchmarks, split)
@@ -430,13 +445,13 @@ def run(cfg: TracesConfig, recipe: dict | None = None) -> dict:
         old = read_json(out_dir / "manifest.json") if (out_dir / "manifest.json").is_file() else {}
         runs = old.get("runs") or []
         this = {"machine": machine(cfg.dtype, cfg.threads), "complete": complete, "report": report,
-                "recipe": (recipe or {}).get("recipe_name"), "splits": cfg.splits, "limit": cfg.limit,
+                "recipe": cfg.recipe.get("recipe_name"), "splits": cfg.splits, "limit": cfg.limit,
                 "pick": cfg.pick, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         progress = {split: p for split, p in (old.get("progress") or {}).items()  # splits of other runs stay
                     if (out_dir / f"{split}.jsonl").is_file()}
         progress.update({split: {"requested": len(reqs), "done": count_rows(out_dir / f"{split}.jsonl")}
                          for split, _, reqs in jobs})
-        write_manifest(out_dir, "traces", {"recipe": recipe, "resolved": asdict(cfg)},
+        write_manifest(out_dir, "traces", {"recipe": cfg.recipe, "resolved": cfg.settings()},
                        [*(old.get("inputs") or {}), *(f for _, files, _ in jobs for f in files)],  # other splits' too
                        extra={"machine": this["machine"], "gold": cfg.backend == "gold", "backend": cfg.backend,
                               "engine": engine_version(cfg.backend), "run": report, "complete": complete,
@@ -446,23 +461,9 @@ def run(cfg: TracesConfig, recipe: dict | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", required=True, help="a recipes/teacher/*.yaml file")
-    ap.add_argument("overrides", nargs="*", help="key=value (dotted: traces.limit=20, splits=[train])")
-    args = ap.parse_args(argv)
-    recipe = load_recipe(args.recipe, args.overrides)
-    cfg = resolve(recipe, args.recipe)
-    interrupt_on_sigterm()
-    report = run(cfg, recipe)
-    for split, s in report.items():
-        print(f"traces {cfg.teacher}/{split} [{cfg.backend}]: {s['written']} written ({s['errors']} errors), "
-              f"{s['already_done']} already done, {s['completion_tokens']} completion tokens in {s['wall_s']} s "
-              f"= {s['completion_tokens_per_s']} tok/s")
-    return report
+    """The command line (the stage contract: pipeline/stages/__init__.py)."""
+    return stage_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except InputError as e:
-        sys.exit(f"error: {e}")
+    main()

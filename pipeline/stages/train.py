@@ -20,7 +20,6 @@ changed and `train.overwrite=true`.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import glob
 import hashlib
@@ -28,6 +27,8 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -35,6 +36,8 @@ import yaml
 from ..artifacts import seal
 from ..io import InputError, iter_jsonl, read_json, write_json, write_manifest
 from ..recipes import load_recipe, section
+from . import StageConfig
+from . import main as stage_main
 
 STAGE = "train"
 DEFAULT_RECIPE = "recipes/sidecar/smollm2-135m-cpu-v9.yaml"  # the default sidecar, as `make train` names it
@@ -115,14 +118,38 @@ def _fields(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls) if f.init}
 
 
-def resolve(config: dict, where: str, check_init: bool = True) -> dict:
+@dataclass
+class Config(StageConfig):
+    """A resolved sidecar recipe: this stage's keys (`train:`, DEFAULTS filled in) and trl's `sft:` and peft's
+    `lora:` fields verbatim."""
+
+    recipe_name: str
+    train: dict
+    sft: dict
+    lora: dict
+    recipe_path: str | None = None
+
+    def resolved(self) -> dict:
+        """The resolved recipe as recipe.yaml and the manifest record it (a rerun compares it)."""
+        return {"recipe_name": self.recipe_name, "train": self.train, "sft": self.sft, "lora": self.lora}
+
+
+def resolve(recipe_path: str | Path | None = DEFAULT_RECIPE, overrides: Sequence[str] = ()) -> Config:
+    """The sidecar recipe with overrides, checked (`from_recipe`; `train.init_adapter` is checked by `run`, only
+    when it is about to train)."""
+    recipe = load_recipe(recipe_path, overrides)
+    resolved = from_recipe(recipe, str(recipe_path or "recipe"), check_init=False)
+    return Config(**resolved, recipe_path=None if recipe_path is None else str(recipe_path), recipe=recipe)
+
+
+def from_recipe(config: dict, where: str, check_init: bool = True) -> dict:
     """Check every key against its dataclass and fill the stage defaults; returns the resolved recipe.
-    `check_init` false leaves `train.init_adapter` unchecked (`main` checks it only when it is about to train: a
+    `check_init` false leaves `train.init_adapter` unchecked (`run` checks it only when it is about to train: a
     finished adapter is kept though the one it continued has left the tree)."""
     from peft import LoraConfig
     from trl import SFTConfig
 
-    bad = sorted(set(config) - set(SECTIONS) - {"recipe_name", "sidecar_eval"})  # sidecar_eval: its own stage
+    bad = sorted(set(config) - set(SECTIONS) - {"recipe_name", "sidecar_eval", "upload"})  # their own stages
     if bad:
         raise InputError(f"{where}: unknown top-level key(s) {bad}; expected sections {list(SECTIONS)}")
     train = {**DEFAULTS, **section(config, "train", set(DEFAULTS), where)}
@@ -374,7 +401,8 @@ def plot_loss(log_history: list[dict], path: Path, title: str) -> None:
     os.replace(tmp, path)
 
 
-def run(resolved: dict, recipe_path: str | None) -> Path:
+def fit(resolved: dict, recipe_path: str | None) -> Path:
+    """Train the adapter of a resolved recipe (resuming from its last checkpoint) and save it; returns its folder."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -522,33 +550,34 @@ def changed_inputs(manifest: dict, train: dict) -> list[str]:
     return sorted(k for k in set(before) | set(now) if k not in gone and before.get(k) != now.get(k))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default=DEFAULT_RECIPE)
-    ap.add_argument("overrides", nargs="*", help="section.key=value, e.g. sft.learning_rate=2e-4 train.null_keep=0.3")
-    a = ap.parse_args(argv)
-    where = a.recipe or "recipe"
-    resolved = resolve(load_recipe(a.recipe, a.overrides), where, check_init=False)
-    out = Path(resolved["sft"]["output_dir"])
+def run(cfg: Config) -> Path:
+    """Train unless the output folder holds an adapter of this recipe and these inputs; returns the folder."""
+    resolved, where = cfg.resolved(), cfg.recipe_path or "recipe"
+    out = Path(cfg.sft["output_dir"])
     manifest = out / "manifest.json"
     if manifest.is_file():
         done = read_json(manifest)
         same = _same_recipe(done.get("config") or {}, resolved)
-        changed = changed_inputs(done, resolved["train"]) if same else []
+        changed = changed_inputs(done, cfg.train) if same else []
         if same and not changed:
             print(f"{out}: already trained with this recipe and these inputs (delete {manifest} to retrain)")
-            return 0
-        if not resolved["train"]["overwrite"]:
+            return out
+        if not cfg.train["overwrite"]:
             why = "a different recipe" if not same else f"other inputs ({', '.join(changed[:3])} changed)"
             raise InputError(f"{out}: holds an adapter trained with {why}; pass train.overwrite=true "
                              "to retrain it, or choose another sft.output_dir")
-    if resolved["train"]["init_adapter"]:
-        check_init_adapter(resolved["train"], resolved["lora"], where)
+    if cfg.train["init_adapter"]:
+        check_init_adapter(cfg.train, cfg.lora, where)
     if manifest.is_file():
         shutil.rmtree(out, ignore_errors=True)
-    print(run(resolved, a.recipe))
-    return 0
+    print(fit(resolved, cfg.recipe_path))
+    return out
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """The command line (the stage contract: pipeline/stages/__init__.py)."""
+    return stage_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -16,9 +16,10 @@ the files an upload would send. A record of each run (files, repo, commit) goes 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -27,7 +28,10 @@ from huggingface_hub.utils import filter_repo_objects
 
 from ..artifacts import seal
 from ..io import HUB_REPO_ID, InputError, atomic_open, looks_like_hub_id, read_json, write_manifest
-from ..sidecar.accuracy import adapter_from_recipe, markdown_table
+from ..recipes import load_recipe, section
+from ..sidecar.accuracy import adapter_of, markdown_table
+from . import Flag, StageConfig
+from . import main as stage_main
 
 IGNORE_PATTERNS = ["checkpoint-*", "checkpoint-*/**", "runs/**", "upload/**", "*.pt", "*.pth", "training_args.bin",
                    "rng_state*", "*.partial", "*.tmp", "*.predictions.jsonl", ".*", "**/.*"]
@@ -208,25 +212,48 @@ def _as_list(value) -> list:
     return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+@dataclass
+class Config(StageConfig):
+    """What to publish where: the `upload:` section or, as `make upload` passes them, the flags (FLAGS)."""
+
+    adapter: str | None = None          # default with --recipe: checkpoints/sidecar/<recipe>/ (its sft.output_dir)
+    repo: str | None = None             # Hub repo id, user/name (required)
+    dry_run: bool = False               # write the card and list the files; upload nothing (no token needed)
+    private: bool = False
+    base_model: str | None = None       # hub id of the base model for the card (default: the adapter's base)
+    commit_message: str = "Upload OoO-Spec sidecar adapter"
+
+
+FLAGS = (Flag("--adapter", "upload.adapter", "adapter folder, e.g. checkpoints/sidecar/<recipe>/"),
+         Flag("--repo", "upload.repo", "Hub repo id, user/name"),
+         Flag("--dry-run", "upload.dry_run", "write the card and list the files; upload nothing", switch=True),
+         Flag("--private", "upload.private", "create the repo private", switch=True),
+         Flag("--base-model", "upload.base_model", "hub id of the base model for the card"),
+         Flag("--commit-message", "upload.commit_message", "the Hub commit's message"))
+ERRORS = (MissingToken,)
+
+
+def resolve(recipe_path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """The `upload:` settings; `--recipe` names a sidecar recipe whose adapter is uploaded unless --adapter is given."""
+    recipe = load_recipe(recipe_path, overrides)
+    cfg = Config(**section(recipe, "upload", Config.keys(), str(recipe_path or "recipe")), recipe=recipe)
+    if not cfg.adapter:
+        if recipe_path is None:
+            raise InputError("upload: pass --adapter DIR or --recipe PATH (a sidecar recipe: its adapter)")
+        cfg.adapter = str(adapter_of(recipe))
+    if not cfg.repo:
+        raise InputError("upload: --repo user/name is required (the Hub repo to publish to)")
+    return cfg
+
+
+def run(cfg: Config) -> dict:
+    return upload(cfg.adapter, cfg.repo, dry_run=cfg.dry_run, private=cfg.private, base_model=cfg.base_model,
+                  commit_message=cfg.commit_message)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.stages.upload", description=__doc__.splitlines()[0])
-    ap.add_argument("--adapter", help="adapter folder, e.g. checkpoints/sidecar/<recipe>/")
-    ap.add_argument("--recipe", help="sidecar recipe: the adapter is checkpoints/sidecar/<recipe name>/")
-    ap.add_argument("--repo", required=True, help="Hub repo id, user/name")
-    ap.add_argument("--dry-run", action="store_true", help="write the card and list the files; upload nothing")
-    ap.add_argument("--private", action="store_true")
-    ap.add_argument("--base-model", help="hub id of the base model for the card (default: the adapter's base)")
-    ap.add_argument("--commit-message", default="Upload OoO-Spec sidecar adapter")
-    args = ap.parse_args(argv)
-    if not args.adapter and not args.recipe:
-        ap.error("pass --adapter DIR or --recipe PATH")
-    try:
-        adapter = args.adapter or adapter_from_recipe(args.recipe)
-        return upload(adapter, args.repo, dry_run=args.dry_run, private=args.private, base_model=args.base_model,
-                      commit_message=args.commit_message)
-    except (InputError, MissingToken) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    """The command line (the stage contract: pipeline/stages/__init__.py)."""
+    return stage_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -4,17 +4,16 @@ rejects and errors."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from pipeline.io import InputError
 from pipeline.schema import find_tool, schema_errors
-from pipeline.sources import api_bank
+from pipeline.sources import api_bank, raw_data_root
 from pipeline.sources.api_bank import CallSyntaxError, parse_api_request, param_schema, type_value
 
-ROOT = Path(os.environ.get("OOO_SPEC_RAW_DATA", Path(__file__).resolve().parents[3] / "shared" / "data")) / "api_bank"
+ROOT = raw_data_root() / "api_bank"
 needs_data = pytest.mark.skipif(not (ROOT / "test-data").is_dir(), reason=f"API-Bank raw data not found at {ROOT}")
 
 

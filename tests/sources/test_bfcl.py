@@ -1,4 +1,4 @@
-"""BFCL converter on the real raw files (../shared/data/bfcl) and on small synthetic folders for the error paths."""
+"""BFCL converter on the real raw files (raw_data_root()/bfcl: $OOO_RAW_DATA, else ../shared/data) and on small synthetic folders for the error paths."""
 
 import json
 from collections import Counter
@@ -8,9 +8,9 @@ import pytest
 
 from pipeline.io import InputError
 from pipeline.schema import find_tool, schema_errors, tool_params, validation_errors
-from pipeline.sources import SourceResult, bfcl
+from pipeline.sources import SourceResult, bfcl, raw_data_root
 
-ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "bfcl"
+ROOT = raw_data_root() / "bfcl"
 needs_data = pytest.mark.skipif(not (ROOT / "BFCL_v4_simple_python.json").is_file(),
                                 reason=f"raw BFCL folder absent: {ROOT}")
 needs_package = pytest.mark.skipif(bfcl.package_data_dir() is None,

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from pipeline.sources import SOURCE_MODULES, fetch
+from pipeline.sources import SOURCE_MODULES, fetch, raw_data_root
 from pipeline.sources.fetch import FetchError, RawFile
 from pipeline.stages import data as data_stage
 
-RAW = Path(os.environ.get("OOO_SPEC_RAW_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+RAW = raw_data_root()
 needs_data = pytest.mark.skipif(not all((RAW / p.source / p.path).is_file() for p in fetch.MANIFEST),
                                 reason=f"raw benchmark files not found under {RAW}")
 
@@ -148,7 +147,7 @@ def test_make_data_from_mirror_equals_local_folder(mirror, monkeypatch, tmp_path
 def test_local_raw_root_wins(monkeypatch, tmp_path):
     (tmp_path / "raw").mkdir()
     monkeypatch.setattr(fetch, "fetch", lambda *a, **k: pytest.fail("fetched although raw_root exists"))
-    cfg = {**data_stage.DEFAULTS, "raw_root": str(tmp_path / "raw")}
+    cfg = data_stage.Config(raw_root=str(tmp_path / "raw"))
     assert data_stage.resolve_raw_root(cfg) == tmp_path / "raw"
 
 

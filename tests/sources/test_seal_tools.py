@@ -1,4 +1,4 @@
-"""Seal-Tools converter on the real raw files (../shared/data/seal_tools) and on small synthetic folders."""
+"""Seal-Tools converter on the real raw files (raw_data_root()/seal_tools) and on small synthetic folders."""
 
 import json
 from collections import Counter
@@ -8,9 +8,9 @@ import pytest
 
 from pipeline.io import InputError
 from pipeline.schema import schema_errors
-from pipeline.sources import seal_tools
+from pipeline.sources import raw_data_root, seal_tools
 
-ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "seal_tools"
+ROOT = raw_data_root() / "seal_tools"
 needs_data = pytest.mark.skipif(not (ROOT / "tool.jsonl").is_file(), reason=f"raw Seal-Tools folder absent: {ROOT}")
 
 

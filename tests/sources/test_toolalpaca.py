@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -11,10 +10,10 @@ import pytest
 
 from pipeline.io import InputError
 from pipeline.schema import find_tool, schema_errors
-from pipeline.sources import toolalpaca
+from pipeline.sources import raw_data_root, toolalpaca
 from pipeline.sources.toolalpaca import convert_schema, gold_from_steps
 
-ROOT = Path(os.environ.get("OOO_SPEC_RAW_DATA", Path(__file__).resolve().parents[3] / "shared" / "data")) / "toolalpaca"
+ROOT = raw_data_root() / "toolalpaca"
 needs_data = pytest.mark.skipif(not (ROOT / "eval_real.json").is_file(),
                                 reason=f"ToolAlpaca raw data not found at {ROOT}")
 

@@ -2,6 +2,7 @@
 
 import json
 import types
+from dataclasses import replace
 
 import pytest
 
@@ -35,9 +36,8 @@ def fake_sources(monkeypatch, tmp_path, results: dict):
         return types.SimpleNamespace(BENCHMARK=name, load=lambda root, n=name: results[n]())
 
     monkeypatch.setattr(data_stage, "load_source", load_source)
-    cfg = {**data_stage.DEFAULTS, "raw_root": str(tmp_path / "raw"), "out": str(tmp_path / "out"),
-           "sources": list(results), "eval_subsets": {"evalb": ["test_a"]}}
-    return cfg
+    return data_stage.Config(raw_root=str(tmp_path / "raw"), out=str(tmp_path / "out"), sources=list(results),
+                             eval_subsets={"evalb": ["test_a"]})
 
 
 def test_hash_split_is_deterministic_and_proportional():
@@ -127,7 +127,7 @@ def test_duplicate_ids_rejected(monkeypatch, tmp_path):
 
 
 def test_missing_raw_root_without_fetch(tmp_path):
-    cfg = {**data_stage.DEFAULTS, "raw_root": str(tmp_path / "nope"), "fetch": False}
+    cfg = data_stage.Config(raw_root=str(tmp_path / "nope"), fetch=False)
     with pytest.raises(InputError, match="raw benchmark folder not found"):
         data_stage.run(cfg)
 
@@ -136,7 +136,9 @@ def test_unknown_recipe_key(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("data:\n  dev_fractoin: 0.2\n")
     with pytest.raises(InputError, match="dev_fractoin"):
-        data_stage.main(["--recipe", str(recipe)])
+        data_stage.resolve(recipe)
+    with pytest.raises(SystemExit, match="2"):
+        data_stage.main(["--recipe", str(recipe)])  # the command line: `error: ...`, exit status 2
 
 
 def _mixed_sources():
@@ -175,12 +177,12 @@ def test_contamination_rules_counted_one_by_one(monkeypatch, tmp_path):
     per_split = sum(s["removed_by_rule"]["gold_names_eval_tool"] for s in stats["benchmarks"]["trainb"].values())
     assert per_split == 20 and stats["contamination_rules"] == ["gold_names_eval_tool"]
     # both rules: the second counts only what the first left
-    stats = data_stage.run({**cfg, "contamination_rules": ["gold_names_eval_tool", "offers_eval_tool"]}, force=True)
+    stats = data_stage.run(replace(cfg, contamination_rules=["gold_names_eval_tool", "offers_eval_tool"], force=True))
     assert _removed(stats, "trainb", "gold_names_eval_tool") == 20 and _removed(stats, "trainb", "offers_eval_tool") == 20
     assert _train_dev_ids(tmp_path / "out") == {f"trainb/s/{i}" for i in range(40, 60)}
     assert "removed: offers_eval_tool" in stats["table"]
     # the filter off: nothing removed, no rule columns
-    stats = data_stage.run({**cfg, "contamination_filter": False}, force=True)
+    stats = data_stage.run(replace(cfg, contamination_filter=False, force=True))
     assert stats["contamination_rules"] == [] and len(_train_dev_ids(tmp_path / "out")) == 60
     assert "removed:" not in stats["table"]
 
@@ -188,7 +190,7 @@ def test_contamination_rules_counted_one_by_one(monkeypatch, tmp_path):
 def test_unknown_contamination_rule(monkeypatch, tmp_path):
     cfg = fake_sources(monkeypatch, tmp_path, _mixed_sources())
     with pytest.raises(InputError, match=r"contamination_rules: unknown rule\(s\) \['gold_only'\]"):
-        data_stage.run({**cfg, "contamination_rules": ["gold_only"]})
+        data_stage.run(replace(cfg, contamination_rules=["gold_only"]))
 
 
 def test_benchmark_without_training_data_is_reported(monkeypatch, tmp_path):
@@ -204,7 +206,7 @@ def test_benchmark_without_training_data_is_reported(monkeypatch, tmp_path):
     # a source that says nothing still gets a generic note
     monkeypatch.setattr(data_stage, "load_source", lambda name: types.SimpleNamespace(
         BENCHMARK=name, load=lambda root: sources[name]()))
-    stats = data_stage.run(cfg, force=True)
+    stats = data_stage.run(replace(cfg, force=True))
     assert stats["no_training_data"] == {"evalb": "the source yields no train/dev requests"}
 
 

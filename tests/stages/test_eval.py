@@ -123,15 +123,15 @@ def test_a_sidecar_row_is_stale_when_its_adapter_changed():
     assert eval_stage.stale_sidecar_row({**adaptive, "wave_chunk": 64}, newer, 32)
     assert not eval_stage.stale_sidecar_row(adaptive, newer, None)
     assert not eval_stage.stale_sidecar_row({**adaptive, "schedule": "sequential"}, newer, 64)
-    assert eval_stage.wave_chunk({"prefill_chunk": 256, "wave_chunk": 64}) == 64
-    assert eval_stage.wave_chunk({"prefill_chunk": 32, "wave_chunk": 64}) == 32
-    assert eval_stage.wave_chunk({"prefill_chunk": None, "wave_chunk": 64}) is None
+    assert eval_stage.wave_chunk(256, 64) == 64
+    assert eval_stage.wave_chunk(32, 64) == 32
+    assert eval_stage.wave_chunk(None, 64) is None
     # the core given back between layers (unrecorded: between chunks only), and whole chunks beside the wave
     switched = {**adaptive, "wave_chunk": 256, "layer_switch": True}
     assert not eval_stage.stale_sidecar_row(switched, newer, 256, layer_switch=True)
     assert eval_stage.stale_sidecar_row({**adaptive, "wave_chunk": 256}, newer, 256, layer_switch=True)
     assert eval_stage.stale_sidecar_row(switched, newer, 256)
-    assert eval_stage.wave_chunk({"prefill_chunk": 256, "wave_chunk": 64, "layer_switch": True}) == 256
+    assert eval_stage.wave_chunk(256, 64, layer_switch=True) == 256
 
 
 def test_prefill_once_per_request_and_threads(setup):

@@ -150,7 +150,7 @@ def test_gold_round_trip_and_stage_outputs(tmp_path, tokenizer_dir, capsys):
     labels.main(["--recipe", str(write_recipe(tmp_path, compact=False))])
     assert "up to date" not in capsys.readouterr().out
     with pytest.raises(InputError, match="direct_call"):  # the whole-call row is gone; its key is an error
-        labels.main(["--recipe", str(write_recipe(tmp_path, direct_call=True))])
+        labels.run(labels.resolve(str(write_recipe(tmp_path, direct_call=True))))
 
 
 def test_rejected_file_and_missing_request_error(tmp_path, tokenizer_dir):
@@ -167,7 +167,7 @@ def test_rejected_file_and_missing_request_error(tmp_path, tokenizer_dir):
     with open(trace_file, "a") as f:
         f.write(json.dumps(dict(rows[0], id="elsewhere/1")) + "\n")
     with pytest.raises(InputError, match=r"train.jsonl:5 \(record elsewhere/1\): no such request"):
-        labels.main(["--recipe", str(write_recipe(tmp_path))])
+        labels.run(labels.resolve(str(write_recipe(tmp_path))))
 
 
 # --- real teacher traces (tests/fixtures/traces/*.jsonl: request + trace + what labels must make of it) ---------
@@ -196,7 +196,7 @@ def test_partial_traces_of_a_run_in_progress(tmp_path, tokenizer_dir):
     partial.write_text(done.read_text() + '{"id": "fixture/9", "te')  # torn last line of a live run
     done.unlink()
     with pytest.raises(InputError, match="run in progress: labels.allow_partial=true"):
-        labels.main(["--recipe", str(write_recipe(tmp_path))])
+        labels.run(labels.resolve(str(write_recipe(tmp_path))))
     stats = labels.main(["--recipe", str(write_recipe(tmp_path, allow_partial=True))])["train"]
     assert stats["traces"] == stats["labels"] == 4
 
@@ -240,4 +240,4 @@ def test_a_second_recipe_adds_the_sidecar_eval_test_requests_beside_train(tmp_pa
     assert [r["id"] for r in read_jsonl(tmp_path / "labels" / "t" / "rejected.jsonl")] == ["fixture/bad"]
     assert len(read_jsonl(tmp_path / "labels" / "t" / "train.jsonl")) == 4
     with pytest.raises(InputError, match="traces.pick='random'; expected one of"):
-        traces.main(["--recipe", str(tmp_path / "test.yaml"), "traces.pick=random"])
+        traces.run(traces.resolve(str(tmp_path / "test.yaml"), ["traces.pick=random"]))

@@ -140,26 +140,26 @@ def test_requests_the_target_answered_with_text_are_also_judged_without(tmp_path
 def test_bad_recipes_and_requests_are_clear_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(sidecar_eval, "make_wave", lambda cfg: ScriptedWave())
     with pytest.raises(InputError, match=r"unknown key.*limt"):
-        sidecar_eval.main(["--recipe", write_recipe(tmp_path, limt=3)])
+        sidecar_eval.run(sidecar_eval.resolve(write_recipe(tmp_path, limt=3)))
     with pytest.raises(InputError, match="backend='tgi'"):
-        sidecar_eval.main(["--recipe", write_recipe(tmp_path, backend="tgi")])
+        sidecar_eval.run(sidecar_eval.resolve(write_recipe(tmp_path, backend="tgi")))
     with pytest.raises(InputError, match="matches no file"):
-        sidecar_eval.main(["--recipe", write_recipe(tmp_path, [str(tmp_path / "none-*.jsonl")])])
+        sidecar_eval.run(sidecar_eval.resolve(write_recipe(tmp_path, [str(tmp_path / "none-*.jsonl")])))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "x", "messages": []}\n')
     with pytest.raises(InputError, match=r"bad.jsonl:1 \(record x\): expected `tools`"):
-        sidecar_eval.main(["--recipe", write_recipe(tmp_path, [str(bad)])])
+        sidecar_eval.run(sidecar_eval.resolve(write_recipe(tmp_path, [str(bad)])))
     with pytest.raises(InputError, match="adapter_config.json"):
-        sidecar_eval.main(["--recipe", write_recipe(tmp_path, model=None, adapter=str(tmp_path))])
+        sidecar_eval.run(sidecar_eval.resolve(write_recipe(tmp_path, model=None, adapter=str(tmp_path))))
     with pytest.raises(InputError, match="set sidecar_eval.model, sidecar_eval.adapter"):
-        sidecar_eval.main(["--recipe", write_recipe(tmp_path, model=None)])
+        sidecar_eval.run(sidecar_eval.resolve(write_recipe(tmp_path, model=None)))
 
 
 def test_every_sidecar_recipe_has_a_sidecar_eval_section():
     for path in sorted((ROOT / "recipes/sidecar").glob("*.yaml")):
         recipe = sidecar_eval.load_recipe(path)
         recipe["sidecar_eval"]["model"] = "m"  # the adapter's base model is read from the trained adapter
-        cfg = sidecar_eval.resolve(recipe, str(path))
+        cfg = sidecar_eval.from_recipe(recipe, str(path))
         assert cfg.requests and cfg.adapter == f"checkpoints/sidecar/{path.stem}", path
         assert sidecar_eval.out_dir(cfg) == Path(f"checkpoints/sidecar/{path.stem}/sidecar_eval")
 
@@ -185,11 +185,11 @@ def test_the_adapter_is_merged_as_in_the_runtime_unless_told_otherwise(monkeypat
     made = []
     monkeypatch.setattr(wave_mod, "SlotWave", lambda model, adapter, **kw: made.append((adapter, kw)))
     recipe = {"sidecar_eval": {"requests": ["r.jsonl"], "model": "m", "adapter": "a"}}
-    sidecar_eval.make_wave(sidecar_eval.resolve(recipe))
-    sidecar_eval.make_wave(sidecar_eval.resolve({"sidecar_eval": {**recipe["sidecar_eval"], "merge_adapter": False}}))
-    sidecar_eval.make_wave(sidecar_eval.resolve({"sidecar_eval": {"requests": ["r.jsonl"], "model": "m"}}))
+    sidecar_eval.make_wave(sidecar_eval.from_recipe(recipe))
+    sidecar_eval.make_wave(sidecar_eval.from_recipe({"sidecar_eval": {**recipe["sidecar_eval"], "merge_adapter": False}}))
+    sidecar_eval.make_wave(sidecar_eval.from_recipe({"sidecar_eval": {"requests": ["r.jsonl"], "model": "m"}}))
     assert [kw["config"].merge_adapter for _, kw in made] == [True, False, False]  # nothing to merge without an adapter
-    merged, unmerged = (sidecar_eval.SidecarEvalConfig(requests=[], model="m", merge_adapter=m) for m in (True, False))
+    merged, unmerged = (sidecar_eval.Config(requests=[], model="m", merge_adapter=m) for m in (True, False))
     assert sidecar_eval.fingerprint(merged) != sidecar_eval.fingerprint(unmerged)  # predictions are redone
 
 
@@ -202,14 +202,14 @@ def test_an_int8_wave_is_judged_as_the_runtime_runs_it(monkeypatch):
     made = []
     monkeypatch.setattr(wave_mod, "SlotWave", lambda model, adapter, **kw: made.append(kw))
     recipe = {"sidecar_eval": {"requests": ["r.jsonl"], "model": "m", "adapter": "a", "dtype": "auto"}}
-    sidecar_eval.make_wave(sidecar_eval.resolve({"sidecar_eval": {**recipe["sidecar_eval"], "quantize": "int8"}}))
-    sidecar_eval.make_wave(sidecar_eval.resolve(recipe))
+    sidecar_eval.make_wave(sidecar_eval.from_recipe({"sidecar_eval": {**recipe["sidecar_eval"], "quantize": "int8"}}))
+    sidecar_eval.make_wave(sidecar_eval.from_recipe(recipe))
     assert [(kw["config"].quantize, kw["config"].dtype) for kw in made] == [("int8", "auto"), (None, "auto")]
-    plain = sidecar_eval.SidecarEvalConfig(requests=[], model="m")
-    int8 = sidecar_eval.SidecarEvalConfig(requests=[], model="m", quantize="int8")
+    plain = sidecar_eval.Config(requests=[], model="m")
+    int8 = sidecar_eval.Config(requests=[], model="m", quantize="int8")
     assert sidecar_eval.fingerprint(plain) != sidecar_eval.fingerprint(int8)
     assert '"quantize"' not in sidecar_eval.fingerprint(plain)  # the committed predictions are still reused
     for extra, match in (({"quantize": "int4"}, "sidecar_eval.quantize='int4'"),
                          ({"quantize": "int8", "backend": "vllm"}, "transformers backend only")):
         with pytest.raises(InputError, match=match):
-            sidecar_eval.resolve({"sidecar_eval": {**recipe["sidecar_eval"], **extra}}, "r.yaml")
+            sidecar_eval.from_recipe({"sidecar_eval": {**recipe["sidecar_eval"], **extra}}, "r.yaml")

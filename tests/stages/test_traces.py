@@ -81,7 +81,7 @@ def test_transformers_backend_tiny_model_end_to_end(tmp_path, tiny_dir):
 
 def test_batched_left_padded_generation_equals_one_by_one(tmp_path, tiny_dir):
     reqs = read_jsonl(FIXTURE_REQUESTS)[:2]
-    cfg = traces.TracesConfig(teacher="t", model=str(tiny_dir), backend="transformers", max_new_tokens=6,
+    cfg = traces.Config(teacher="t", model=str(tiny_dir), backend="transformers", max_new_tokens=6,
                               dtype="float32", threads=1)
     backend = traces.load_backend(cfg)
     prepared = [(r, backend.prepare(r)) for r in reqs]
@@ -182,7 +182,7 @@ def test_template_that_ignores_tools_is_an_error_per_request(tmp_path):
 
 
 def test_batches_respect_size_token_cap_and_sort_windows(tmp_path, tokenizer_dir, monkeypatch):
-    cfg = traces.TracesConfig(teacher="t", model="m", batch_size=3, max_batch_tokens=100)
+    cfg = traces.Config(teacher="t", model="m", batch_size=3, max_batch_tokens=100)
     items = [({"id": str(n)}, [0] * n) for n in (60, 40, 30, 20, 20, 20, 10)]
     sizes = [[len(ids) for _, ids in b] for b in traces.make_batches(items, cfg)]
     assert sizes == [[60], [40, 30], [20, 20, 20], [10]]  # 60+40 pads to 120 > 100; 40x3 = 120 too; 3 at most
@@ -223,11 +223,14 @@ def test_bad_inputs_name_file_line_and_expectation(tmp_path, tokenizer_dir):
     reqs = read_jsonl(FIXTURE_REQUESTS)
     make_data(tmp_path, reqs + [reqs[0]])
     with pytest.raises(InputError, match=r"train.jsonl:5 \(record fixture/0\): duplicate id"):
-        traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir))])
+        traces.run(traces.resolve(str(recipe(tmp_path, tokenizer_dir))))
     with pytest.raises(InputError, match="unknown key.*batchsize.*expected one of"):
-        traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir)), "traces.batchsize=2"])
+        traces.run(traces.resolve(str(recipe(tmp_path, tokenizer_dir)), ["traces.batchsize=2"]))
     with pytest.raises(InputError, match="no request files for split 'dev'"):
-        traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir)), "splits=[dev]"])
+        traces.run(traces.resolve(str(recipe(tmp_path, tokenizer_dir)), ["splits=[dev]"]))
+    make_data(tmp_path)
+    with pytest.raises(InputError, match=r"traces.model='.*no-such-model': no such model folder"):
+        traces.run(traces.resolve(str(recipe(tmp_path, tmp_path / "no-such-model"))))
 
 
 @pytest.mark.vllm
@@ -248,12 +251,10 @@ def test_vllm_backend_tiny_model(tmp_path):
 @pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "recipes" / "teacher").glob("*.yaml")),
                          ids=lambda p: p.name)
 def test_every_teacher_recipe_resolves_and_says_how_to_run_it(path):
-    from pipeline.recipes import load_recipe
     from pipeline.stages import labels
 
     text = path.read_text()
     assert text.startswith("# Run as:"), f"{path} should open with the command that runs it"
-    recipe = load_recipe(path)
-    cfg = traces.resolve(recipe, str(path))
-    labels.resolve(recipe, str(path))
+    cfg = traces.resolve(path)
+    labels.resolve(path)
     assert cfg.teacher and cfg.model and cfg.backend in traces.BACKENDS

@@ -22,6 +22,12 @@ def model_dir(tmp_path_factory):
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "qwen2", "qwen2")
 
 
+
+def run_stage(argv: list[str]):
+    """What `train.main(argv)` runs, raising its InputError (the command line prints it and exits with 2)."""
+    assert argv[0] == "--recipe"
+    return train.run(train.resolve(argv[1], argv[2:]))
+
 def overrides(model_dir, out, *extra):
     return [f"train.model={model_dir}", f"sft.output_dir={out}", f"train.requests=[{FIXTURES}]", *extra]
 
@@ -35,7 +41,7 @@ def test_trains_on_label_rows_and_saves_a_loadable_adapter(model_dir, tmp_path, 
     out = tmp_path / "out"
     args = overrides(model_dir, out, f"train.rows=[{tmp_path / 'rows.jsonl'}]",
                      "sft.max_steps=2")
-    assert train.main(["--recipe", RECIPE, *args]) == 0
+    assert train.main(["--recipe", RECIPE, *args]).is_dir()
 
     for name in ("adapter_config.json", "adapter_model.safetensors", "tokenizer_config.json", "recipe.yaml",
                  "metrics.json", "loss.png", "manifest.json"):
@@ -55,10 +61,10 @@ def test_trains_on_label_rows_and_saves_a_loadable_adapter(model_dir, tmp_path, 
         assert model(**tok("hello", return_tensors="pt")).logits.isfinite().all()
 
     # done means done: the same recipe again does not train
-    monkeypatch.setattr(train, "run", lambda *a: pytest.fail("retrained a finished output"))
-    assert train.main(["--recipe", RECIPE, *args]) == 0
+    monkeypatch.setattr(train, "fit", lambda *a: pytest.fail("retrained a finished output"))
+    assert train.main(["--recipe", RECIPE, *args]).is_dir()
     with pytest.raises(InputError, match="different recipe"):
-        train.main(["--recipe", RECIPE, *args, "sft.learning_rate=0.1"])
+        run_stage(["--recipe", RECIPE, *args, "sft.learning_rate=0.1"])
 
 
 def test_resumes_from_the_last_checkpoint_after_an_interruption(model_dir, tmp_path, monkeypatch):
@@ -79,7 +85,7 @@ def test_resumes_from_the_last_checkpoint_after_an_interruption(model_dir, tmp_p
     assert (out / "checkpoint-2" / "trainer_state.json").is_file() and not (out / "manifest.json").exists()
 
     monkeypatch.setattr(PackedSFTTrainer, "training_step", real_step)
-    assert train.main(args) == 0
+    assert train.main(args).is_dir()
     metrics = read_json(out / "metrics.json")
     assert metrics["resumed_from"] == "checkpoint-2" and metrics["global_step"] == 4
     assert [h["step"] for h in metrics["log_history"] if "loss" in h] == [1, 2, 3, 4]
@@ -95,7 +101,7 @@ def test_row_sources_first_wins_per_request_and_inputs_decide_a_rerun(model_dir,
     label["slots"] = [{**s, "value": "Lyon"} if s["param"] == "city" else s for s in label["slots"]]
     target_rows = build_rows(reqs[0], label)
     write_jsonl(tmp_path / "target.jsonl", target_rows)
-    cfg = train.resolve(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out",
+    cfg = train.from_recipe(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out",
                                                             f"train.rows=[{tmp_path / 'target.jsonl'},gold]")), "t")
     _, rows, inputs, _, sources = train.load_rows(cfg["train"])
     by_request = {}
@@ -109,22 +115,22 @@ def test_row_sources_first_wins_per_request_and_inputs_decide_a_rerun(model_dir,
     assert Path(tmp_path / "target.jsonl") in inputs
 
     with pytest.raises(InputError, match=r"train.rows is required"):
-        train.resolve(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out", "train.rows=[]")), "t")
+        train.from_recipe(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out", "train.rows=[]")), "t")
 
     out = tmp_path / "out"
     args = ["--recipe", RECIPE, *overrides(model_dir, out, f"train.rows=[{tmp_path / 'target.jsonl'},gold]",
                                            "sft.max_steps=1")]
-    assert train.main(args) == 0
+    assert train.main(args).is_dir()
     assert read_json(out / "metrics.json")["row_sources"] == sources
-    monkeypatch.setattr(train, "run", lambda *a: pytest.fail("retrained a finished output"))
-    assert train.main(args) == 0                       # same recipe, same inputs: nothing to do
+    monkeypatch.setattr(train, "fit", lambda *a: pytest.fail("retrained a finished output"))
+    assert train.main(args).is_dir()                       # same recipe, same inputs: nothing to do
     manifest = read_json(out / "manifest.json")         # trained before a knob existed: its manifest lacks the key,
     del manifest["config"]["train"]["slice"]            # and the knob at its default changes nothing
     write_json(out / "manifest.json", manifest)
-    assert train.main(args) == 0
+    assert train.main(args).is_dir()
     write_jsonl(tmp_path / "target.jsonl", target_rows[:1])  # the target labels changed
     with pytest.raises(InputError, match=r"other inputs \(.*target.jsonl changed\)"):
-        train.main(args)
+        run_stage(args)
 
 
 def test_slices_split_the_requests_into_disjoint_parts(model_dir, tmp_path):
@@ -134,19 +140,19 @@ def test_slices_split_the_requests_into_disjoint_parts(model_dir, tmp_path):
     write_jsonl(tmp_path / "target.jsonl", build_rows(reqs[0], label_from_call(reqs[0], reqs[0]["gold"][0])))
     rows_of = {}
     for k in (0, 1, 2):
-        cfg = train.resolve(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out", f"train.slice=[{k},3]",
+        cfg = train.from_recipe(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out", f"train.slice=[{k},3]",
                                                                 f"train.rows=[{tmp_path / 'target.jsonl'},gold]")), "t")
         _, rows, _, _, _ = train.load_rows(cfg["train"])
         rows_of[k] = {row["request_id"] for _, row in rows}
         assert rows_of[k] == {r["id"] for r in reqs if train.slice_of(r["id"], 3) == k} - {
             r["id"] for r in reqs if not r.get("gold")}
     assert not (rows_of[0] & rows_of[1]) and not (rows_of[1] & rows_of[2]) and not (rows_of[0] & rows_of[2])
-    whole = train.resolve(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out")), "t")
+    whole = train.from_recipe(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out")), "t")
     assert rows_of[0] | rows_of[1] | rows_of[2] == {row["request_id"] for _, row in train.load_rows(whole["train"])[1]}
     assert all(rows_of[k] for k in rows_of)  # the fixture's requests fall in every part
     for bad in ("[3,3]", "[1]", "[-1,2]", "'0/3'"):
         with pytest.raises(InputError, match=r"train.slice=.*expected \[k, n\]"):
-            train.resolve(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out", f"train.slice={bad}")), "t")
+            train.from_recipe(train.load_recipe(RECIPE, overrides(model_dir, tmp_path / "out", f"train.slice={bad}")), "t")
 
 
 def test_continues_from_a_finished_adapter(model_dir, tmp_path, monkeypatch):
@@ -157,7 +163,7 @@ def test_continues_from_a_finished_adapter(model_dir, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
     first = tmp_path / "first"
-    assert train.main(["--recipe", RECIPE, *overrides(model_dir, first)]) == 0
+    assert train.main(["--recipe", RECIPE, *overrides(model_dir, first)]).is_dir()
     before = load_file(first / "adapter_model.safetensors")
     assert any(v.abs().max() > 0 for k, v in before.items() if "lora_B" in k)
 
@@ -166,7 +172,7 @@ def test_continues_from_a_finished_adapter(model_dir, tmp_path, monkeypatch):
                                                "sft.learning_rate=0.0", "sft.max_steps=2", *extra)]
 
     second = tmp_path / "second"
-    assert train.main(cont(second)) == 0
+    assert train.main(cont(second)).is_dir()
     after = load_file(second / "adapter_model.safetensors")
     assert after.keys() == before.keys()
     assert all(torch.equal(after[k], before[k]) for k in before)
@@ -176,23 +182,23 @@ def test_continues_from_a_finished_adapter(model_dir, tmp_path, monkeypatch):
     # retrained nor refused; a new run cannot start from the missing one
     first.rename(tmp_path / "gone")
     with monkeypatch.context() as m:
-        m.setattr(train, "run", lambda *a: pytest.fail("retrained a finished output"))
-        assert train.main(cont(second)) == 0
+        m.setattr(train, "fit", lambda *a: pytest.fail("retrained a finished output"))
+        assert train.main(cont(second)).is_dir()
         with pytest.raises(InputError, match="is not a finished adapter"):
-            train.main(cont(tmp_path / "third"))
+            run_stage(cont(tmp_path / "third"))
     (tmp_path / "gone").rename(first)
     fresh = tmp_path / "fresh"  # the control: without init_adapter the same run ends on zero B matrices
     assert train.main(["--recipe", RECIPE, *overrides(model_dir, fresh, "sft.learning_rate=0.0",
-                                                      "sft.max_steps=2")]) == 0
+                                                      "sft.max_steps=2")]).is_dir()
     assert all(v.abs().max() == 0 for k, v in load_file(fresh / "adapter_model.safetensors").items()
                if "lora_B" in k)
 
     with pytest.raises(InputError, match=r"lora.r=8 but train.init_adapter .* has r=4"):
-        train.main(cont(tmp_path / "bad", "lora.r=8"))
+        run_stage(cont(tmp_path / "bad", "lora.r=8"))
     with pytest.raises(InputError, match=r"questions='short' but train.init_adapter .* trained with questions='long'"):
-        train.main(cont(tmp_path / "bad", "train.questions=short"))
+        run_stage(cont(tmp_path / "bad", "train.questions=short"))
     with pytest.raises(InputError, match="is not a finished adapter"):
-        train.main(cont(tmp_path / "bad", f"train.init_adapter={tmp_path / 'none'}"))
+        run_stage(cont(tmp_path / "bad", f"train.init_adapter={tmp_path / 'none'}"))
     assert not (tmp_path / "bad").exists()
 
 
@@ -206,7 +212,7 @@ def test_grows_an_adapter_into_a_larger_lora_with_the_same_products(model_dir, t
     first = tmp_path / "first"
     assert train.main(["--recipe", RECIPE, *overrides(model_dir, first, "lora.target_modules=[q_proj,v_proj]",
                                                       "lora.layers_to_transform=[0]", "sft.max_steps=2",
-                                                      "sft.learning_rate=1e-2")]) == 0
+                                                      "sft.learning_rate=1e-2")]).is_dir()
     small = load_file(first / "adapter_model.safetensors")
     assert any(v.abs().max() > 0 for k, v in small.items() if "lora_B" in k)
 
@@ -216,7 +222,7 @@ def test_grows_an_adapter_into_a_larger_lora_with_the_same_products(model_dir, t
                                                "sft.max_steps=2", *extra)]
 
     grown_dir = tmp_path / "grown"
-    assert train.main(grow(grown_dir, "train.save_dtype=bfloat16")) == 0
+    assert train.main(grow(grown_dir, "train.save_dtype=bfloat16")).is_dir()
     grown = load_file(grown_dir / "adapter_model.safetensors")
     assert {v.dtype for v in grown.values()} == {torch.bfloat16}
     assert set(small) < set(grown)                      # every module of every layer now
@@ -230,11 +236,11 @@ def test_grows_an_adapter_into_a_larger_lora_with_the_same_products(model_dir, t
     assert all(v.abs().max() == 0 for k, v in grown.items() if "lora_B" in k and k not in small)
 
     with pytest.raises(InputError, match=r"cannot hold .*lora.r=2 < the adapter's r=4"):
-        train.main(grow(tmp_path / "bad", "lora.r=2"))
+        run_stage(grow(tmp_path / "bad", "lora.r=2"))
     with pytest.raises(InputError, match=r"cannot hold .*does not hold the adapter's \[0\]"):
-        train.main(grow(tmp_path / "bad", "lora.layers_to_transform=[1]"))
+        run_stage(grow(tmp_path / "bad", "lora.layers_to_transform=[1]"))
     with pytest.raises(InputError, match=r"init_grow=true needs train.init_adapter"):
-        train.main(["--recipe", RECIPE, *overrides(model_dir, tmp_path / "bad", "train.init_grow=true")])
+        run_stage(["--recipe", RECIPE, *overrides(model_dir, tmp_path / "bad", "train.init_grow=true")])
     assert not (tmp_path / "bad").exists()
 
 
@@ -250,7 +256,7 @@ def test_grows_an_adapter_into_a_larger_lora_with_the_same_products(model_dir, t
 ])
 def test_bad_recipe_keys_are_clear_errors(model_dir, tmp_path, key, match):
     with pytest.raises(InputError, match=match):
-        train.main(["--recipe", RECIPE, *overrides(model_dir, tmp_path / "out"), key])
+        run_stage(["--recipe", RECIPE, *overrides(model_dir, tmp_path / "out"), key])
     assert not (tmp_path / "out").exists()
 
 
@@ -281,11 +287,11 @@ def test_the_global_batch_is_the_same_on_1_2_or_8_processes():
 def test_global_batch_sets_the_accumulation_of_a_run(model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     out = tmp_path / "gb"
-    assert train.main(["--recipe", RECIPE, *overrides(model_dir, out, "train.global_batch=4", "sft.max_steps=1")]) == 0
+    train.run(train.resolve(RECIPE, overrides(model_dir, out, "train.global_batch=4", "sft.max_steps=1")))
     batch = read_json(out / "metrics.json")["batch"]
     assert batch == {"global": 4, "processes": 1, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2}
     with pytest.raises(InputError, match=r"train.global_batch=0; expected an integer >= 1"):
-        train.main(["--recipe", RECIPE, *overrides(model_dir, tmp_path / "bad", "train.global_batch=0")])
+        train.run(train.resolve(RECIPE, overrides(model_dir, tmp_path / "bad", "train.global_batch=0")))
 
 
 @pytest.mark.slow

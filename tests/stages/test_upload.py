@@ -165,7 +165,11 @@ def test_main_takes_the_adapter_from_a_recipe(adapter, hub, tmp_path, monkeypatc
     assert "adapter_model.safetensors" in record["files"]
     monkeypatch.chdir(tmp_path)
     (tmp_path / "plain.yaml").write_text("train: {}\n")
-    assert up.adapter_from_recipe("plain.yaml").as_posix() == "checkpoints/sidecar/plain"
+    assert up.resolve("plain.yaml", ["upload.repo=u/n"]).adapter == "checkpoints/sidecar/plain"
+    with pytest.raises(up.InputError, match="--repo user/name is required"):
+        up.resolve("plain.yaml")
+    with pytest.raises(up.InputError, match="pass --adapter DIR or --recipe PATH"):
+        up.resolve(None, ["upload.repo=u/n"])
 
 
 def test_card_reads_the_accuracy_that_make_sidecar_eval_writes(adapter, hub):
