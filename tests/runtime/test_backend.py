@@ -32,14 +32,19 @@ def test_unknown_backend_and_missing_gguf_are_named(tmp_path):
     assert gguf_of(tmp_path, downloads=tmp_path / "dl") == tmp_path / "dl" / tmp_path.name / "m.gguf"
 
 
-def test_eval_targets_run_only_their_backends_peers():
+def test_eval_targets_run_only_their_backends_peers(tmp_path):
+    def resolved(recipe: dict):
+        path = tmp_path / "eval.yaml"
+        path.write_text(json.dumps(recipe))  # JSON is YAML
+        return resolve(path)
+
     recipe = {"eval": {"benchmarks": {"b": 1}, "targets": [{"name": "l", "path": "p", "backend": "llamacpp"}],
                        "methods": ["ar", "toolspec", "hf-pld", "hf-assisted", "llama-pld", "llama-draft"],
                        "assistant": {"path": "small"}}}
-    cfg = resolve(recipe)
-    assert target_methods(cfg, cfg["targets"][0]) == ["ar", "toolspec", "llama-pld", "llama-draft"]
+    cfg = resolved(recipe)
+    assert target_methods(cfg, cfg.targets[0]) == ["ar", "toolspec", "llama-pld", "llama-draft"]
     assert target_methods(cfg, {"name": "t", "path": "p"}) == ["ar", "toolspec", "hf-pld", "hf-assisted"]
     assert target_methods(cfg, {"name": "s", "path": "small", "backend": "llamacpp"}) == ["ar", "toolspec", "llama-pld"]
     recipe["eval"]["targets"][0]["backend"] = "onnx"
     with pytest.raises(InputError, match="backend 'onnx'"):
-        resolve(recipe)
+        resolved(recipe)
