@@ -79,8 +79,10 @@ class LlamaCppPeers:
             draft = _greedy_draft_class()(self.draft_gguf, self.draft_tokens, self.n_ctx, threads)
         else:
             raise ValueError(f"unknown llama.cpp peer {method!r}; expected llama-pld or llama-draft")
+        # logits_all=True explicitly: with a draft model the binding keeps every position's logits, but it sizes
+        # that array by the logits_all argument (n_batch rows when false), which overflows past n_batch tokens
         llm = Llama(model_path=str(self.target.gguf), n_ctx=self.n_ctx, n_batch=512, n_threads=threads,
-                    n_threads_batch=threads, draft_model=draft, verbose=False)
+                    n_threads_batch=threads, draft_model=draft, logits_all=True, verbose=False)
         plain = llm.eval
 
         def counted(tokens):
