@@ -25,24 +25,7 @@ FAMILY_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "families"
 STEPS = 300
 MAX = 160
 REASONING = "Ann needs the new day and a request for the slides."
-EMAIL = {
-    "id": "fixture/email-family", "benchmark": "fixture", "split": "test",
-    "messages": [{"role": "user", "content": "Let Ann know the review moved to Friday and ask her for the slides."}],
-    "tools": [
-        {"type": "function", "function": {
-            "name": "send_email", "description": "Send an email.",
-            "parameters": {"type": "object", "properties": {
-                "to": {"type": "string", "description": "Recipient"},
-                "subject": {"type": "string", "description": "Subject line"},
-                "body": {"type": "string", "description": "Message text"}}, "required": ["to", "subject", "body"]}}},
-        {"type": "function", "function": {
-            "name": "create_event", "description": "Create a calendar event.",
-            "parameters": {"type": "object", "properties": {
-                "title": {"type": "string"}, "day": {"type": "string"}}, "required": ["title", "day"]}}}],
-    "gold": [{"name": "send_email", "arguments": {
-        "to": "ann lee", "subject": "new date for our review",
-        "body": "hi ann, our review is now on friday. could you send me the slides before then? thanks"}}],
-}
+EMAIL = {**json.loads((FAMILY_DIR.parent / "email_request.json").read_text()), "id": "fixture/email-family"}
 # case -> (fixture folder, tiny architecture, chat_template_kwargs, reasoning the target writes before its call)
 CASES = {
     "qwen2.5": ("qwen2.5", "qwen2", {}, None),

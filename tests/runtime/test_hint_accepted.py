@@ -10,6 +10,7 @@ and a wave that sleeps longer than the whole decode is really late."""
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,24 +20,7 @@ from pipeline.payload import gold_payload
 
 STEPS = 300
 MAX = 200  # new tokens: the tiny tokenizer spends many on free text
-EMAIL = {
-    "id": "fixture/email", "benchmark": "fixture", "split": "test",
-    "messages": [{"role": "user", "content": "Let Ann know the review moved to Friday and ask her for the slides."}],
-    "tools": [
-        {"type": "function", "function": {
-            "name": "send_email", "description": "Send an email.",
-            "parameters": {"type": "object", "properties": {
-                "to": {"type": "string", "description": "Recipient"},
-                "subject": {"type": "string", "description": "Subject line"},
-                "body": {"type": "string", "description": "Message text"}}, "required": ["to", "subject", "body"]}}},
-        {"type": "function", "function": {
-            "name": "create_event", "description": "Create a calendar event.",
-            "parameters": {"type": "object", "properties": {
-                "title": {"type": "string"}, "day": {"type": "string"}}, "required": ["title", "day"]}}}],
-    "gold": [{"name": "send_email", "arguments": {
-        "to": "ann lee", "subject": "new date for our review",
-        "body": "hi ann, our review is now on friday. could you send me the slides before then? thanks"}}],
-}
+EMAIL = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "email_request.json").read_text())
 
 
 def fenced(call: dict) -> str:
