@@ -215,9 +215,11 @@ def teach(model, examples: list[tuple[list[int], list[int]]], steps: int = 300, 
     model.eval()
 
 
-def write_gguf(model, tokenizer, path: str | Path) -> Path:
-    """A tiny Qwen2 transformers model as an F32 GGUF that llama.cpp loads: its weights under llama.cpp's tensor names
-    (the gguf package's own map) and the byte-level BPE tokenizer (tokens, merges, special tokens as control)."""
+def write_gguf(model, tokenizer, path: str | Path, *, q8_0: bool = False, chat_template: str | None = None) -> Path:
+    """A tiny Qwen2 transformers model as a GGUF that llama.cpp and transformers load: its weights under llama.cpp's
+    tensor names (the gguf package's own map; no output.weight when the embeddings are tied), in F32 or, with `q8_0`,
+    its matrices quantized to Q8_0 (what `make models` de-quantizes), and the byte-level BPE tokenizer (tokens,
+    merges, special tokens as control, `chat_template` when given)."""
     import gguf
     import numpy as np
 
@@ -235,7 +237,7 @@ def write_gguf(model, tokenizer, path: str | Path) -> Path:
     rope = getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 1e6)
     writer.add_rope_freq_base(float(rope))
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8_0 else gguf.LlamaFileType.ALL_F32)
     by_id = {i: t for t, i in tokenizer.get_vocab().items()}
     special = set(tokenizer.all_special_ids)
     writer.add_tokenizer_model("gpt2")
@@ -245,13 +247,24 @@ def write_gguf(model, tokenizer, path: str | Path) -> Path:
                             for i in range(len(tokenizer))])
     merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    if "<|endoftext|>" in tokenizer.get_vocab():
+        writer.add_bos_token_id(tokenizer.convert_tokens_to_ids("<|endoftext|>"))
     writer.add_eos_token_id(tokenizer.convert_tokens_to_ids("<|im_end|>"))
     writer.add_pad_token_id(tokenizer.pad_token_id)
     writer.add_add_bos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     for name, tensor in model.state_dict().items():
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")),
-                          np.ascontiguousarray(tensor.detach().float().numpy(), dtype=np.float32))
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue  # tied to the embeddings: a GGUF without output.weight
+        array = np.ascontiguousarray(tensor.detach().float().numpy(), dtype=np.float32)
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if q8_0 and array.ndim == 2 and array.shape[1] % 32 == 0:
+            q8 = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(gguf_name, q8, raw_shape=q8.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(gguf_name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -42,7 +42,6 @@ from ..runtime.schedule import WAVE_CHUNK, Schedule
 from ..runtime.sidecar_client import SidecarLoadError
 
 
-
 def variants(methods: list[str], schedules: list[str]) -> list[tuple[str, str]]:
     """(method, schedule) pairs: sidecar methods once per schedule, every other method on all cores; ar first."""
     unknown = sorted(set(methods) - set(ALL_METHODS))

@@ -213,64 +213,12 @@ def test_build_leaves_an_up_to_date_folder_alone(tmp_path, monkeypatch, capsys):
 
 # ------------------------------------------------------------------------------- full conversion of a tiny GGUF
 
-GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-
-
 def write_tiny_gguf(path: Path):
     """A tiny random Qwen2 model and the test tokenizer as a GGUF file, matrices quantized to Q8_0."""
-    import gguf
-
-    from pipeline.testing import CHAT_TEMPLATE, make_tiny_model
+    from pipeline.testing import CHAT_TEMPLATE, make_tiny_model, write_gguf
 
     model, tok = make_tiny_model("qwen2")
-    cfg = model.config
-    w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    tj = json.loads(tok.backend_tokenizer.to_str())
-    tokens = [None] * len(tok)
-    for text, i in tj["model"]["vocab"].items():
-        tokens[i] = text
-    for added in tj["added_tokens"]:
-        tokens[added["id"]] = added["content"]
-    special = {a["content"] for a in tj["added_tokens"]}
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
-    w.add_bos_token_id(tok.convert_tokens_to_ids("<|endoftext|>"))
-    w.add_eos_token_id(tok.convert_tokens_to_ids("<|im_end|>"))
-    w.add_pad_token_id(tok.pad_token_id)
-    w.add_chat_template(CHAT_TEMPLATE)
-    for key, value in model.state_dict().items():
-        if key == "lm_head.weight":
-            continue  # tied to the embeddings, as in a GGUF without output.weight
-        if key == "model.embed_tokens.weight":
-            name = "token_embd.weight"
-        elif key == "model.norm.weight":
-            name = "output_norm.weight"
-        else:
-            _, _, layer, *rest = key.split(".")
-            name = f"blk.{layer}.{GGUF_NAMES['.'.join(rest[:-1])]}.{rest[-1]}"
-        array = value.float().numpy()
-        if array.ndim == 2 and array.shape[1] % 32 == 0:
-            q8 = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name, q8, raw_shape=q8.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(name, array)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(model, tok, path, q8_0=True, chat_template=CHAT_TEMPLATE)
     return model
 
 
