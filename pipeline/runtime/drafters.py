@@ -15,6 +15,7 @@ Every drafter only proposes; the target verifies, so no drafter can change the o
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -106,7 +107,9 @@ class PromptLookup:
 
 class History:
     """Earlier committed outputs of a run: one n-gram index over them (each led by the end of its prompt), and
-    the call formats the target was seen to write (its opening, closing and JSON style), most frequent first.
+    the call formats the target was seen to write (its opening, closing and JSON style), most frequent first:
+    first those it wrote under the same system message (`context_of`: one application's prompt, where a target
+    keeps one format; across applications it may write fenced JSON for one and bare JSON for another), then all.
 
     Bounded: it keeps the last `max_outputs` outputs; past that the oldest half is dropped and the index rebuilt (a
     server's history must not grow for ever: ~5 index entries per output token)."""
@@ -117,9 +120,10 @@ class History:
         self.max_outputs = max_outputs
         self.index = NgramIndex(n_max=6, n_min=2)
         self.seen: Counter = Counter()
+        self.seen_in: dict[str, Counter] = {}  # context -> formats written there
         self.kept: list[list[int]] = []
 
-    def add(self, prompt: list[int], output: list[int], text: str | None = None) -> None:
+    def add(self, prompt: list[int], output: list[int], text: str | None = None, context: str = "") -> None:
         seq = prompt[-self.LEAD:] + output + [-1]  # -1 keeps matches inside one output
         self.kept.append(seq)
         if len(self.kept) > self.max_outputs:
@@ -133,12 +137,26 @@ class History:
         if pos is not None and pos.calls and pos.style.indent is not None:
             keys = pos.root.keys if pos.root is not None else []
             key = next((k for k in keys if k in ARG_ALIASES), "arguments")  # the key the target wrote
-            self.seen[CallFormat("observed", pos.prefix, pos.suffix, pos.style.variants()[0], key)] += 1
+            fmt = CallFormat("observed", pos.prefix, pos.suffix, pos.style.variants()[0], key)
+            self.seen[fmt] += 1
+            if len(self.seen_in) < 1024 or context in self.seen_in:  # bounded, like the outputs
+                self.seen_in.setdefault(context, Counter())[fmt] += 1
 
-    def formats(self, base: list[CallFormat]) -> list[CallFormat]:
-        """The observed formats first, then `base` (without repeats)."""
-        out = [f for f, _ in self.seen.most_common(3)]
+    def formats(self, base: list[CallFormat], context: str = "") -> list[CallFormat]:
+        """The formats observed in `context` first, then those observed anywhere, then `base` (without repeats)."""
+        out: list[CallFormat] = []
+        for f, _ in self.seen_in.get(context, Counter()).most_common(3) + self.seen.most_common(3):
+            if f not in out:
+                out.append(f)
         return out + [f for f in base if all((f.prefix, f.style.indent) != (g.prefix, g.style.indent) for g in out)]
+
+
+def context_of(request: dict) -> str:
+    """The part of a request one application keeps from request to request: its system message."""
+    msgs = request.get("messages") or []
+    first = msgs[0] if msgs and isinstance(msgs[0], dict) else {}
+    content = first.get("content") if first.get("role") == "system" else ""
+    return content if isinstance(content, str) else json.dumps(content, sort_keys=True)
 
 
 class HistoryDrafter:
@@ -320,6 +338,6 @@ def continue_from_start(sk, fmt: CallFormat, limit: int = 8) -> list[tuple[str, 
     return list(islice(Writer(fmt.style).value(sk, 0), limit))
 
 
-__all__ = ["Context", "NgramIndex", "PromptLookup", "History", "HistoryDrafter", "SchemaDrafter", "HintDrafter",
+__all__ = ["Context", "NgramIndex", "PromptLookup", "History", "HistoryDrafter", "context_of", "SchemaDrafter", "HintDrafter",
            "RealignDrafter",
            "skeleton", "propose_structural", "call_formats"]

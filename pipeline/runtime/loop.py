@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from .drafters import Context, HintDrafter, History, HistoryDrafter, PromptLookup, RealignDrafter, SchemaDrafter
+from .drafters import (Context, HintDrafter, History, HistoryDrafter, PromptLookup, RealignDrafter, SchemaDrafter,
+                       context_of)
 from .hint import call_formats
 from .sidecar_client import Ready
 from .budget import TreeBudget
@@ -116,7 +117,7 @@ def _drafters(target: Target, request: dict, method: str, prompt: list[int], pen
     keys = METHOD_TABLE[method].drafters
     template_kwargs = {**(getattr(target, "chat_template_kwargs", None) or {}),  # as the prompt was rendered
                        **(request.get("chat_template_kwargs") or {})}
-    formats = history.formats(call_formats(target.tokenizer, template_kwargs)) if keys else []
+    formats = history.formats(call_formats(target.tokenizer, template_kwargs), context_of(request)) if keys else []
     made = [(DRAFTERS[k][1](target, request, prompt, pending, arrived, history, validate, formats), DRAFTERS[k][0])
             for k in keys]
     hint = next((d for d, _ in made if isinstance(d, HintDrafter)), None)
@@ -306,7 +307,7 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     cancel_wave()  # the request has ended: a queued wave is dropped, a running one abandoned
     body = output[:-1] if output and output[-1] in target.stop_ids else output
     text = target.decode(body)
-    history.add(prompt, output, text)
+    history.add(prompt, output, text, context_of(request))
     return Result(text, output, stats)
 
 

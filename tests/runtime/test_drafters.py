@@ -47,6 +47,26 @@ def test_history_matches_earlier_outputs_and_learns_the_call_format(tok):
     assert [f.name for f in formats[1:]] == ["template", "indented", "compact"]  # the fenced duplicate is dropped
 
 
+def test_history_prefers_the_format_written_under_the_same_system_message(tok):
+    from pipeline.runtime.drafters import context_of
+
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    fenced = "```json\n" + json.dumps(call, indent=2) + "\n```"
+    bare = json.dumps(call)
+    app_a = {"messages": [{"role": "system", "content": "You book trips."}, {"role": "user", "content": "x"}]}
+    app_b = {"messages": [{"role": "user", "content": "y"}]}
+    assert context_of(app_a) == "You book trips." and context_of(app_b) == ""
+    hist = History()
+    for _ in range(3):  # app B's fenced calls are the most frequent overall
+        hist.add([1], tok.encode(fenced, add_special_tokens=False), fenced, context_of(app_b))
+    hist.add([1], tok.encode(bare, add_special_tokens=False), bare, context_of(app_a))
+    first = {name: hist.formats(call_formats(tok), context_of(req))[0] for name, req in (("a", app_a), ("b", app_b))}
+    assert (first["a"].prefix, first["a"].style.indent) == ("", 0)          # what app A's target wrote
+    assert (first["b"].prefix, first["b"].style.indent) == ("```json\n", 2)
+    unseen = hist.formats(call_formats(tok), "another application")[0]
+    assert unseen.prefix == "```json\n"  # an unseen context: the most frequent format anywhere
+
+
 def test_schema_drafter_proposes_openings_tool_names_keys_and_closings(tok, requests):
     req = requests[1]  # get_weather / book_hotel / calculate; the user asks for a hotel
     sd = SchemaDrafter(req, call_formats(tok), max_cands=12)
