@@ -30,6 +30,8 @@ class Family:
 FAMILIES = (
     Family("qwen3", ("<|im_start|>", "<think>"), ("<|im_end|>", "<|endoftext|>"), think=("<think>", "</think>"),
            call_format="<think>...</think> <tool_call>{json}</tool_call>"),
+    Family("smollm2", ("<|im_start|>", "<tool_call>["), ("<|im_end|>", "<|endoftext|>"),
+           call_format="<tool_call>[{json}, ...]</tool_call> (APIGen list)"),
     Family("qwen2.5", ("<|im_start|>", "<tool_call>"), ("<|im_end|>", "<|endoftext|>"),
            call_format="<tool_call>{json}</tool_call> (Coder: ```json fence)"),
     Family("chatml", ("<|im_start|>",), ("<|im_end|>", "<|endoftext|>"), call_format="no template format"),

@@ -37,7 +37,7 @@ from . import main as stage_main
 
 REGISTRY = Path(__file__).resolve().parents[2] / "recipes" / "models.yaml"
 FIELDS = {"description", "hub_id", "wheels", "parts", "member", "gguf_file", "bytes", "sha256", "eos_tokens",
-          "pad_token", "renders_tools"}
+          "pad_token", "renders_tools", "chat_template"}
 REQUIRED = {"wheels", "member", "gguf_file", "bytes", "sha256", "eos_tokens"}
 
 
@@ -58,6 +58,24 @@ class ModelSpec:
     renders_tools: bool = False
     hub_id: str | None = None
     description: str = ""
+    chat_template: str | None = None  # a Jinja file (repository-relative) that replaces the GGUF's template
+
+
+def template_text(spec: ModelSpec) -> str | None:
+    """The text of the spec's `chat_template` file (None: the GGUF's own template)."""
+    if spec.chat_template is None:
+        return None
+    path = Path(spec.chat_template)
+    path = path if path.is_absolute() else REGISTRY.parents[1] / path
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the chat template of model {spec.name} ({e})") from e
+
+
+def template_sha(spec: ModelSpec) -> str | None:
+    text = template_text(spec)
+    return None if text is None else hashlib.sha256(text.encode()).hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------- registry (pure)
@@ -109,7 +127,9 @@ def load_registry(path: str | Path = REGISTRY) -> dict[str, ModelSpec]:
             name=name, wheels=wheels, member=str(entry["member"]), gguf_file=str(entry["gguf_file"]),
             bytes=entry["bytes"], sha256=entry["sha256"], eos_tokens=tuple(eos), pad_token=entry.get("pad_token"),
             renders_tools=bool(entry.get("renders_tools", False)), hub_id=entry.get("hub_id"),
-            description=str(entry.get("description", "")))
+            description=str(entry.get("description", "")),
+            chat_template=str(entry["chat_template"]) if entry.get("chat_template") is not None else None)
+        template_text(specs[name])  # a missing template file fails here, naming it
     return specs
 
 
@@ -227,6 +247,8 @@ def up_to_date(folder: Path, spec: ModelSpec) -> tuple[bool, str]:
     got = (m.get("source") or {}).get("sha256")
     if got != spec.sha256:
         return False, f"{manifest}: source sha256 {got} differs from the registry's {spec.sha256}"
+    if m.get("chat_template_sha256") != template_sha(spec):
+        return False, f"{manifest}: built with another chat template than {spec.chat_template or 'the GGUF own'}"
     files = m.get("files") or {}
     if "config.json" not in files or not any(n.endswith(".safetensors") for n in files):
         return False, f"{manifest}: no config.json or safetensors listed"
@@ -256,6 +278,8 @@ def convert(spec: ModelSpec, gguf: Path, out: Path) -> dict:
     template_source = "transformers"
     if template and tok.chat_template != template:
         tok.chat_template, template_source = template, "gguf metadata"
+    if (own := template_text(spec)) is not None:  # the registry's template file wins (a documented tool format)
+        tok.chat_template, template_source = own, spec.chat_template
     if not tok.chat_template:
         raise ModelsError(f"{gguf}: no chat template in the tokenizer or the GGUF metadata")
     ids = {t: tok.convert_tokens_to_ids(t) for t in (*spec.eos_tokens, *([spec.pad_token] if spec.pad_token else []))}
@@ -301,6 +325,7 @@ def convert(spec: ModelSpec, gguf: Path, out: Path) -> dict:
             raise ModelsError(f"{out}: the chat template does not render tools= (recipes/models.yaml promises it)")
     n_params = sum(p.numel() for p in model.parameters())
     return {"times": times, "parameters": n_params, "chat_template_from": template_source,
+            "chat_template_sha256": template_sha(spec),
             "eos_token_ids": [ids[t] for t in spec.eos_tokens], "model_type": config.model_type}
 
 

@@ -54,7 +54,8 @@ def sliced_wheels(folder: Path, data: bytes, parts: int, version: str = "1.0") -
 
 def test_registry_lists_the_models_with_slices_in_numeric_order():
     specs = models.load_registry()
-    assert set(specs) == {"smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"}
+    assert set(specs) == {"smollm2-135m-instruct", "smollm2-135m-instruct-tools", "qwen2.5-coder-1.5b-instruct",
+                          "qwen2.5-coder-0.5b-instruct"}
     small = specs["qwen2.5-coder-0.5b-instruct"]
     assert small.bytes == 491_400_064 and small.renders_tools
     assert small.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
@@ -66,6 +67,9 @@ def test_registry_lists_the_models_with_slices_in_numeric_order():
     assert set(qwen.eos_tokens) == {"<|im_end|>", "<|endoftext|>"}
     smol = specs["smollm2-135m-instruct"]
     assert len(smol.wheels) == 1 and "==" in smol.wheels[0] and len(smol.sha256) == 64
+    tools = specs["smollm2-135m-instruct-tools"]  # the same GGUF with the tool prompt its authors document
+    assert (tools.sha256, tools.renders_tools, smol.chat_template) == (smol.sha256, True, None)
+    assert "<tool_call>[" in models.template_text(tools) and len(models.template_sha(tools)) == 64
 
 
 @pytest.mark.parametrize("change, message", [
@@ -276,6 +280,29 @@ def test_build_fetches_assembles_converts_and_then_is_idempotent(tmp_path, tiny_
     assert models.up_to_date(out, spec)[0]  # the finished folder survived the failed rebuild
 
 
+def test_a_registry_template_file_replaces_the_gguf_template_and_rebuilds_when_edited(tmp_path, tiny_gguf):
+    from transformers import AutoTokenizer
+
+    gguf_path, _ = tiny_gguf
+    template = tmp_path / "own.jinja"
+    template.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                        "{% if tools %}TOOLS {{ tools | tojson }}{% endif %}")
+    spec = spec_for(gguf_path.read_bytes(), eos_tokens=("<|im_end|>",), renders_tools=True,
+                    chat_template=str(template))
+    out = tmp_path / "out"
+    info = models.convert(spec, gguf_path, out)
+    assert info["chat_template_from"] == str(template) and info["chat_template_sha256"] == models.template_sha(spec)
+    assert AutoTokenizer.from_pretrained(out).chat_template == template.read_text()
+    (out / "manifest.json").write_text(json.dumps({"source": {"sha256": spec.sha256}, "files": models.folder_files(out),
+                                                   "chat_template_sha256": info["chat_template_sha256"]}))
+    assert models.up_to_date(out, spec) == (True, "up to date")
+    template.write_text(template.read_text() + "\n")  # an edited template is another build
+    ok, why = models.up_to_date(out, spec)
+    assert not ok and "another chat template" in why
+    with pytest.raises(InputError, match="missing.jinja"):
+        models.template_text(replace(spec, chat_template=str(tmp_path / "missing.jinja")))
+
+
 def test_convert_refuses_tokens_missing_from_the_vocabulary(tmp_path, tiny_gguf):
     gguf_path, _ = tiny_gguf
     spec = spec_for(b"", eos_tokens=("<|eot_id|>",))
@@ -285,8 +312,8 @@ def test_convert_refuses_tokens_missing_from_the_vocabulary(tmp_path, tiny_gguf)
 
 # ------------------------------------------------------------------------------- the real folders, where built
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct",
-                                  "qwen2.5-coder-0.5b-instruct"])
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "smollm2-135m-instruct-tools",
+                                  "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"])
 def test_real_folder_if_built(name):
     folder = REPO / "checkpoints" / "base" / name
     spec = models.load_registry()[name]
