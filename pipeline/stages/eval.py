@@ -267,13 +267,19 @@ def stale_sidecar_row(row: dict, ident: dict | None, chunk: int | None = None, l
 
 
 def target_methods(cfg: Config, tcfg: dict) -> list[str]:
-    """The methods run on one target: the peers of its backend only, and no peer that would draft with the target
-    itself (an assistant that is this target)."""
+    """The methods run on one target: the peers of its backend only, and no peer that would draft with a model no
+    smaller than the target (the target itself, or a larger model: no one drafts that way)."""
     assistant = (cfg.assistant or {}).get("path")
-    same = assistant and Path(assistant).resolve() == Path(tcfg["path"]).resolve()
+    same = assistant and (Path(assistant).resolve() == Path(tcfg["path"]).resolve()
+                          or _weights_bytes(assistant) >= _weights_bytes(tcfg["path"]) > 0)
     backend = tcfg.get("backend", "transformers")
     return [m for m in cfg.methods if not (m in ("hf-assisted", "llama-draft") and same)
             and PEER_BACKENDS.get(m, backend) == backend]
+
+
+def _weights_bytes(folder: str) -> int:
+    """The size of a model folder's safetensors (0 where it has none)."""
+    return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
 
 
 def make_peers(cfg: Config, backend: str, target, dtype):

@@ -45,6 +45,12 @@ def test_eval_targets_run_only_their_backends_peers(tmp_path):
     assert target_methods(cfg, cfg.targets[0]) == ["ar", "toolspec", "llama-pld", "llama-draft"]
     assert target_methods(cfg, {"name": "t", "path": "p"}) == ["ar", "toolspec", "hf-pld", "hf-assisted"]
     assert target_methods(cfg, {"name": "s", "path": "small", "backend": "llamacpp"}) == ["ar", "toolspec", "llama-pld"]
+    for name, size in (("draft", 100), ("tiny", 10), ("big", 1000)):  # a draft model must be smaller than its target
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"w" * size)
+    cfg.assistant = {"path": str(tmp_path / "draft")}
+    assert target_methods(cfg, {"name": "t", "path": str(tmp_path / "tiny")}) == ["ar", "toolspec", "hf-pld"]
+    assert target_methods(cfg, {"name": "t", "path": str(tmp_path / "big")})[-1] == "hf-assisted"
     recipe["eval"]["targets"][0]["backend"] = "onnx"
     with pytest.raises(InputError, match="backend 'onnx'"):
         resolved(recipe)

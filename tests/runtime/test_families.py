@@ -1,7 +1,7 @@
 """One sidecar, many targets: the hint in each family's own call format, with real tokenizers and chat templates.
 
 The fixtures (tests/fixtures/families/, see its README) are real tokenizers (reduced vocabularies, real special tokens)
-and real chat templates of Qwen2.5, Qwen3, Llama 3.2 and Gemma. First, what `call_formats` learns from each template
+and real chat templates of Qwen2.5, Qwen3, Llama 3.2, Gemma and SmolLM2 (with the tool prompt its authors document). First, what `call_formats` learns from each template
 (the opening, the closing, the arguments key, Qwen3's think block with and without `enable_thinking`); then, per family,
 a tiny float64 target is trained in the test to answer a request with a call in its family's format (the template's
 own rendering of the call; for Gemma, whose template renders none, a ```json fence) and the hint must pay: `ooo`
@@ -33,6 +33,7 @@ CASES = {
     "qwen3-nothink": ("qwen3", "qwen3", {"enable_thinking": False}, None),
     "llama3": ("llama3", "llama", {}, None),
     "gemma": ("gemma", "llama", {}, None),
+    "smollm2": ("smollm2", "llama", {}, None),
 }
 
 
@@ -95,6 +96,15 @@ def test_gemma_template_renders_no_calls():
     tok = family_tokenizer("gemma")
     assert tokenizer_family(tok).name == "gemma" and template_format(tok) is None
     assert call_formats(tok)[0] is FENCED
+
+
+def test_smollm2_calls_are_a_json_list_in_tool_call_tags():
+    tok = family_tokenizer("smollm2")
+    fmts = call_formats(tok)
+    assert tokenizer_family(tok).name == "smollm2"
+    assert (fmts[0].prefix, fmts[0].suffix, fmts[0].args_key) == ("<tool_call>[", "]</tool_call>", "arguments")
+    assert len(tok.encode("<tool_call>[", add_special_tokens=False)) > 1  # plain text here, not a special token
+    assert render(EMAIL["gold"][0], fmts[0]).startswith('<tool_call>[{"name": "send_email", "arguments": {"to": ')
 
 
 # --- the hint pays in every family's format ----------------------------------------------------------------------
