@@ -338,6 +338,6 @@ def continue_from_start(sk, fmt: CallFormat, limit: int = 8) -> list[tuple[str, 
     return list(islice(Writer(fmt.style).value(sk, 0), limit))
 
 
-__all__ = ["Context", "NgramIndex", "PromptLookup", "History", "HistoryDrafter", "context_of", "SchemaDrafter", "HintDrafter",
-           "RealignDrafter",
+__all__ = ["Context", "NgramIndex", "PromptLookup", "History", "HistoryDrafter", "context_of", "SchemaDrafter",
+           "HintDrafter", "RealignDrafter",
            "skeleton", "propose_structural", "call_formats"]

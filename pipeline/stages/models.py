@@ -248,7 +248,8 @@ def up_to_date(folder: Path, spec: ModelSpec) -> tuple[bool, str]:
     if got != spec.sha256:
         return False, f"{manifest}: source sha256 {got} differs from the registry's {spec.sha256}"
     if m.get("chat_template_sha256") != template_sha(spec):
-        return False, f"{manifest}: built with another chat template than {spec.chat_template or 'the GGUF own'}"
+        wanted = spec.chat_template or "the GGUF's own"
+        return False, f"{manifest}: built with another chat template than {wanted}"
     files = m.get("files") or {}
     if "config.json" not in files or not any(n.endswith(".safetensors") for n in files):
         return False, f"{manifest}: no config.json or safetensors listed"
