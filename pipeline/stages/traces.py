@@ -17,7 +17,10 @@ Backends (recipe `traces.backend`):
   `forwards` (target forwards after prefill) and `hint_tokens`.
 - `gold`: no model; each request's gold calls rendered as the teacher's template renders an assistant `tool_calls`
   turn (finish_reason "gold"); rows say backend "gold" and the manifest says `"gold": true`.
-The run resumes (ids already written are skipped); a request that fails is written with `error` and the run goes on.
+The run resumes (ids already written are skipped); a request that fails is written with `error` and the run goes on,
+but an engine that died or hung stops the stage (`error: ...`, exit status 2; the rows written before it stay). On
+vLLM's CPU build the engine gets an explicit KV cache and every core (`pipeline/vllm_engine.py`, printed at start and
+recorded in the manifest's `engine_settings`).
 Model libraries are imported lazily so this module also loads in the vLLM venv (older transformers).
 """
 
@@ -35,10 +38,12 @@ from ..artifacts import seal
 from ..io import InputError, ResumableJsonl, interrupt_on_sigterm, looks_like_hub_id, read_json, write_manifest
 from ..recipes import load_recipe, section
 from ..requests import load_requests, render_prompt, sample, stop_token_ids
+from ..vllm_engine import EngineFailed, EngineWatch, engine_dead
 from . import StageConfig
 from . import main as stage_main
 
 BACKENDS = ("vllm", "transformers", "runtime", "gold")
+ERRORS = (EngineFailed,)  # printed as `error: ...`, exit status 2 (the stage contract)
 # vLLM's own default of sequences in flight (max_num_seqs): a chunk this size keeps its batch full, and a crash (an
 # OOM, a lost node) loses one chunk's rows instead of the whole split's
 VLLM_CHUNK = 256
@@ -256,11 +261,16 @@ class VllmBackend(Backend):
         from vllm import LLM, SamplingParams
 
         from ..hardware import resolve_dtype
+        from ..vllm_engine import engine_settings
 
+        # on vLLM's CPU build: an explicit KV cache and every core (vllm_engine.py); the recipe's own settings win
+        kwargs, env, self.settings = engine_settings(cfg.vllm_kwargs, cfg.env)
+        os.environ.update(env)
+        print(f"traces: vllm engine settings {self.settings}", file=sys.stderr)
         # "auto" is ours (bf16 only where native), not vLLM's (the checkpoint's dtype)
         self.llm = LLM(model=cfg.model, tokenizer=cfg.model, dtype=resolve_dtype(cfg.dtype), seed=cfg.seed,
-                       tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
-                       **cfg.vllm_kwargs)
+                       tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len, **kwargs)
+        self.watch = EngineWatch.of_children()  # the engine core process(es) vLLM just started
         self.tokenizer = self.llm.get_tokenizer()
         self.params = SamplingParams(temperature=0.0, max_tokens=cfg.max_new_tokens, repetition_penalty=1.0,
                                      skip_special_tokens=False)
@@ -268,7 +278,8 @@ class VllmBackend(Backend):
     def run(self, batch):
         t0 = time.perf_counter()
         # vLLM's own bar: a chunk may hold every prompt of the split, so the stage's bar only moves when it ends
-        outs = self.llm.generate([{"prompt_token_ids": ids} for _, ids in batch], self.params, use_tqdm=True)
+        with self.watch:  # an engine process that exits stops the call (EngineFailed) instead of a wait for ever
+            outs = self.llm.generate([{"prompt_token_ids": ids} for _, ids in batch], self.params, use_tqdm=True)
         latency = time.perf_counter() - t0
         rows = []
         for (req, ids), out in zip(batch, outs):
@@ -327,10 +338,14 @@ def load_backend(cfg: Config) -> Backend:
 # --- the stage ----------------------------------------------------------------------------------------------------
 
 def run_batch(backend: Backend, batch: list[tuple[dict, list[int]]]) -> list[dict]:
-    """Rows for a batch; if the batch fails, each request is retried alone and a failing one becomes an error row."""
+    """Rows for a batch; if the batch fails, each request is retried alone and a failing one becomes an error row.
+    An engine that died or hung stops the stage (`EngineFailed`): every later request would fail the same way."""
     try:
         return backend.run(batch)
     except Exception as e:  # noqa: BLE001 - one bad request must not stop the stage
+        if engine_dead(e):
+            raise EngineFailed(f"traces: the {backend.cfg.backend} engine of {backend.cfg.model} died or hung "
+                               f"({describe(e)}); the rows written so far are kept, run again to continue") from e
         if len(batch) == 1:
             return [error_row(backend.cfg, batch[0][0]["id"], describe(e), len(batch[0][1]))]
         return [row for item in batch for row in run_batch(backend, [item])]
@@ -445,6 +460,7 @@ def generate(cfg: Config) -> dict:
         old = read_json(out_dir / "manifest.json") if (out_dir / "manifest.json").is_file() else {}
         runs = old.get("runs") or []
         this = {"machine": machine(cfg.dtype, cfg.threads), "complete": complete, "report": report,
+                "engine_settings": getattr(backend, "settings", None),
                 "recipe": cfg.recipe.get("recipe_name"), "splits": cfg.splits, "limit": cfg.limit,
                 "pick": cfg.pick, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         progress = {split: p for split, p in (old.get("progress") or {}).items()  # splits of other runs stay
@@ -454,6 +470,7 @@ def generate(cfg: Config) -> dict:
         write_manifest(out_dir, "traces", {"recipe": cfg.recipe, "resolved": cfg.settings()},
                        [*(old.get("inputs") or {}), *(f for _, files, _ in jobs for f in files)],  # other splits' too
                        extra={"machine": this["machine"], "gold": cfg.backend == "gold", "backend": cfg.backend,
+                              "engine_settings": getattr(backend, "settings", None),
                               "engine": engine_version(cfg.backend), "run": report, "complete": complete,
                               "progress": progress, "runs": runs + [this]})
         seal(out_dir)

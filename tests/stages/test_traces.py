@@ -258,3 +258,73 @@ def test_every_teacher_recipe_resolves_and_says_how_to_run_it(path):
     cfg = traces.resolve(path)
     labels.resolve(path)
     assert cfg.teacher and cfg.model and cfg.backend in traces.BACKENDS
+
+
+def test_a_dead_engine_stops_the_stage_and_keeps_the_rows_before_it(tmp_path, tokenizer_dir, monkeypatch, capsys):
+    """An engine that dies in the second chunk: exit status 2 with the engine's error, the first chunk's rows kept,
+    no error rows for the requests it never ran, the manifest incomplete; the rerun writes only the rest."""
+    make_data(tmp_path)
+
+    class EngineDeadError(Exception):  # the name vLLM's engine raises (vllm.v1.engine.exceptions)
+        pass
+
+    class DyingGold(traces.GoldBackend):
+        calls = 0
+
+        def run(self, batch):
+            DyingGold.calls += 1
+            if DyingGold.calls == 2 and self.die:
+                raise EngineDeadError("EngineCore encountered an issue. See stack trace for the root cause.")
+            return super().run(batch)
+
+    monkeypatch.setattr(traces, "VllmBackend", DyingGold)
+    DyingGold.die = True
+    path = recipe(tmp_path, tokenizer_dir, backend="vllm", vllm_chunk=3)
+    with pytest.raises(SystemExit) as stop:
+        traces.main(["--recipe", str(path)])
+    assert stop.value.code == 2 and "died or hung (EngineDeadError: EngineCore" in capsys.readouterr().err
+    rows = out_rows(tmp_path)
+    assert len(rows) == 3 and all(r["error"] is None for r in rows)
+    manifest = read_json(tmp_path / "traces" / "t" / "manifest.json")
+    assert manifest["complete"] is False and manifest["progress"]["train"] == {"requested": 4, "done": 3}
+    DyingGold.die = False
+    assert traces.main(["--recipe", str(path)])["train"]["written"] == 1 and len(out_rows(tmp_path)) == 4
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="vllm is not importable in this environment (it lives in .venv-vllm: make vllm-setup)")
+def test_vllm_engine_killed_mid_run_stops_the_stage(tmp_path, capsys, monkeypatch):
+    """The real engine on vLLM's CPU build, its core process killed after the first chunk: the stage exits 2 naming
+    the engine's error, the first chunk's rows stay, and none of the later requests is written as an error row."""
+    import os
+    import signal
+
+    import psutil
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # the stage's own CPU settings, not the environment's
+    model = make_tiny_model_dir(tmp_path / "tiny-vllm", "qwen2", hidden=128, heads=2, kv_heads=1)
+    make_data(tmp_path, read_jsonl(FIXTURE_REQUESTS))
+    path = recipe(tmp_path, model, backend="vllm", max_new_tokens=4, dtype="float32", max_model_len=2048,
+                  vllm_chunk=2, vllm_kwargs={"enforce_eager": True})
+    real_run = traces.VllmBackend.run
+
+    def run_then_kill(self, batch):
+        rows = real_run(self, batch)
+        for child in psutil.Process().children(recursive=True):  # the engine core process(es)
+            os.kill(child.pid, signal.SIGKILL)
+        return rows
+
+    traces.VllmBackend.run = run_then_kill
+    try:
+        with pytest.raises(SystemExit) as stop:
+            traces.main(["--recipe", str(path)])
+    finally:
+        traces.VllmBackend.run = real_run
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "died or hung" in err, err[-2000:]
+    assert "kv_cache_gib" in err and "threads_bind" in err  # the CPU settings are printed at start
+    rows = out_rows(tmp_path)
+    assert len(rows) == 2 and all(r["error"] is None and r["completion_tokens"] == 4 for r in rows)
+    manifest = read_json(tmp_path / "traces" / "t" / "manifest.json")
+    assert manifest["complete"] is False and manifest["engine_settings"]["platform"] == "cpu"
