@@ -405,6 +405,8 @@ def run_split(backend: Backend, cfg: Config, split: str, requests: list[dict], r
             except Exception as e:  # noqa: BLE001 - template or length failure of one request
                 emit([error_row(cfg, req["id"], describe(e))])
         window = cfg.sort_window or max(len(prepared), 1)
+        if cfg.backend == "vllm":  # the window sorts for padding; vLLM batches whole chunks itself
+            window = max(window, cfg.vllm_chunk or len(prepared), 1)
         for w in range(0, len(prepared), window):
             part = sorted(prepared[w:w + window], key=lambda item: -len(item[1]))  # similar lengths share a batch
             for batch in make_batches(part, cfg):

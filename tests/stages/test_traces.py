@@ -233,6 +233,21 @@ def test_bad_inputs_name_file_line_and_expectation(tmp_path, tokenizer_dir):
         traces.run(traces.resolve(str(recipe(tmp_path, tmp_path / "no-such-model"))))
 
 
+def test_vllm_batches_whole_chunks_whatever_the_sort_window(tmp_path, tokenizer_dir, monkeypatch):
+    """sort_window sorts prompts for the transformers backend's padding; it must not cap vLLM's batch."""
+    make_data(tmp_path)
+    sizes = []
+
+    class Recording(traces.GoldBackend):
+        def run(self, batch):
+            sizes.append(len(batch))
+            return super().run(batch)
+
+    monkeypatch.setattr(traces, "VllmBackend", Recording)
+    traces.main(["--recipe", str(recipe(tmp_path, tokenizer_dir, backend="vllm", vllm_chunk=3, sort_window=2))])
+    assert sizes == [3, 1]
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                     reason="vllm is not importable in this environment (it lives in .venv-vllm: make vllm-setup)")
