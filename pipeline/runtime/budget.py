@@ -181,6 +181,28 @@ def subtree(tree: Tree, keep: list[int]) -> Tree:
                 depths=[tree.depths[i] for i in keep], sources=[tree.sources[i] for i in keep])
 
 
+def best_chain(tree: Tree, acceptance: Acceptance, max_len: int, min_p: float = 0.0) -> list[int]:
+    """For engines that verify one chain a step (vLLM): the root-to-node path with the most expected accepted tokens
+    (the sum of its nodes' probabilities, `node_probs`), at most `max_len` draft nodes, cut before the first node
+    whose probability of being reached is below `min_p` (a long chain of a source that keeps failing costs verify
+    time and buys nothing). Returns the path's node indices, root excluded."""
+    probs = node_probs(tree, acceptance)
+    gain = [0.0] * len(tree)
+    best, best_gain = 0, 0.0
+    for i in range(1, len(tree)):
+        if tree.depths[i] > max_len or probs[i] < min_p:
+            gain[i] = float("-inf")
+            continue
+        gain[i] = gain[tree.parents[i]] + probs[i]
+        if gain[i] > best_gain:
+            best, best_gain = i, gain[i]
+    path = []
+    while best > 0:
+        path.append(best)
+        best = tree.parents[best]
+    return path[::-1]
+
+
 class TreeBudget:
     """Chooses each round's tree from the cost curve and the acceptance statistics (see the module docstring)."""
 
@@ -232,4 +254,4 @@ class TreeBudget:
         self.overhead_s = 0.9 * self.overhead_s + 0.1 * draft_s if self.rounds > 1 else draft_s
 
 
-__all__ = ["CostCurve", "Acceptance", "TreeBudget", "SIZES", "subtree", "node_probs", "alternatives"]
+__all__ = ["CostCurve", "Acceptance", "TreeBudget", "SIZES", "subtree", "node_probs", "alternatives", "best_chain"]

@@ -13,9 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from .drafters import (Context, HintDrafter, History, HistoryDrafter, PromptLookup, RealignDrafter, SchemaDrafter,
-                       context_of)
-from .hint import call_formats
+from .drafters import HintDrafter, History, context_of
+from .drafting import DRAFTERS, Drafting  # noqa: F401 - DRAFTERS: the table, re-exported for the loop's readers
 from .sidecar_client import Ready
 from .budget import TreeBudget
 from .backend import TargetBackend as Target  # transformers or llama.cpp (runtime/backend.py)
@@ -101,38 +100,12 @@ def oracle_payload(target: Target, request: dict, oracle=None, max_new_tokens: i
     return payload_from_call(calls[0], request.get("tools") or []) if calls else None
 
 
-# drafter key -> (source bit, factory(target, request, prompt, pending, arrived, history, validate, formats))
-DRAFTERS = {
-    "lookup1": (LOOKUP, lambda t, r, p, *_: PromptLookup(p, k=10, max_cands=1)),
-    "lookup": (LOOKUP, lambda t, r, p, *_: PromptLookup(p, k=10, max_cands=2)),
-    "schema": (SCHEMA, lambda t, r, p, pend, arr, hist, val, fmts: SchemaDrafter(r, fmts)),
-    "history": (HISTORY, lambda t, r, p, pend, arr, hist, val, fmts: HistoryDrafter(hist)),
-    "hint": (HINT, lambda t, r, p, pend, arr, hist, val, fmts: HintDrafter(r, fmts, pend, arr, val)),
-    "realign": (REALIGN, lambda *_: RealignDrafter()),  # bound to the method's HintDrafter in `_drafters`
-}
-
-
-def _drafters(target: Target, request: dict, method: str, prompt: list[int], pending, arrived: float,
-              history: History, validate: bool) -> list[tuple[object, int]]:
-    keys = METHOD_TABLE[method].drafters
-    template_kwargs = {**(getattr(target, "chat_template_kwargs", None) or {}),  # as the prompt was rendered
-                       **(request.get("chat_template_kwargs") or {})}
-    formats = history.formats(call_formats(target.tokenizer, template_kwargs), context_of(request)) if keys else []
-    made = [(DRAFTERS[k][1](target, request, prompt, pending, arrived, history, validate, formats), DRAFTERS[k][0])
-            for k in keys]
-    hint = next((d for d, _ in made if isinstance(d, HintDrafter)), None)
-    for d, _ in made:
-        if isinstance(d, RealignDrafter):
-            d.hint = hint
-    return made
-
-
 @dataclass
 class Round:
     """What one request's rounds share: the target, the method's drafters, the tree's shape, the stats."""
     target: Target
     prompt: list[int]
-    drafters: list[tuple[object, int]]  # (drafter, source bit), best first
+    drafting: Drafting                  # the method's drafters (drafting.py), best first
     hint: HintDrafter | None
     budget: TreeBudget | None           # None: every round verifies up to max_nodes
     eos: int | None
@@ -144,15 +117,14 @@ class Round:
     def propose(self, output: list[int]) -> list[tuple[list[int], int]]:
         """Every drafter's candidates (best first), or none when the budget says this round should not draft."""
         hint, budget = self.hint, self.budget
-        draft = bool(self.drafters) and (budget is None or budget.should_draft())
-        if self.drafters and not draft and hint is not None and not hint.calls and hint.error is None:
+        draft = bool(self.drafting) and (budget is None or budget.should_draft())
+        if self.drafting and not draft and hint is not None and not hint.calls and hint.error is None:
             hint.poll()  # a hint that just arrived is worth drafting for at once
             if hint.calls:
                 draft, budget.skip = True, False
         if not draft:
             return []
-        ctx = Context(self.target.tokenizer, self.prompt, output, self.eos, self.max_depth, self.target.decode(output))
-        return [(c, bit) for drafter, bit in self.drafters for c in drafter.propose(ctx) if c]
+        return self.drafting.candidates(output, self.target.decode(output))
 
     def count(self, tree, path: list[int], new: list[int], t0: float, t1: float, t2: float) -> None:
         stats, sources = self.stats, tree.sources
@@ -266,15 +238,16 @@ def generate(target: Target, request: dict, method: str = "ar", sidecar=None, *,
     wave_running = getattr(pending, "running", lambda: False)
     cancel_wave = getattr(pending, "cancel", lambda: None)
     validate = validate_hint and method != "ooo-oracle"  # the oracle is the target's own call, valid or not
-    drafters = _drafters(target, request, method, prompt, pending, arrived, history, validate)
-    hint = drafters[0][0] if drafters and isinstance(drafters[0][0], HintDrafter) else None
-    drafters = [(d, EXTRA) for d in extra_drafters or []] + drafters
+    eos = target.tokenizer.eos_token_id if target.tokenizer.eos_token_id in target.stop_ids else None
+    drafting = Drafting(target.tokenizer, request, method, prompt, pending, arrived=arrived, history=history,
+                        validate=validate, chat_template_kwargs=getattr(target, "chat_template_kwargs", None),
+                        eos=eos, max_depth=max_depth, extra=extra_drafters)
+    hint = drafting.hint
     budget = None
-    if tree_budget == "auto" and getattr(target, "curve", None) is not None and drafters:
+    if tree_budget == "auto" and getattr(target, "curve", None) is not None and drafting:
         budget = target.budgets.setdefault(variant or method, TreeBudget(target.curve, max_nodes))
         budget.start_request()
-    eos = target.tokenizer.eos_token_id if target.tokenizer.eos_token_id in target.stop_ids else None
-    rounds = Round(target, prompt, drafters, hint, budget, eos, max_nodes, max_depth, max_new_tokens, stats)
+    rounds = Round(target, prompt, drafting, hint, budget, eos, max_nodes, max_depth, max_new_tokens, stats)
     # decode: rounds until a stop token or max_new_tokens
     t_decode, c_decode = time.perf_counter(), time.process_time()
     output: list[int] = []
