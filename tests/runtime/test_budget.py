@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pipeline.runtime import Ready, generate
-from pipeline.runtime.budget import Acceptance, CostCurve, TreeBudget, alternatives, node_probs, subtree
+from pipeline.runtime.budget import Acceptance, CostCurve, TreeBudget, alternatives, best_chain, node_probs, subtree
 from pipeline.payload import gold_payload
 from pipeline.runtime.replay import ReplayTarget
 from pipeline.runtime.verify import build_tree
@@ -488,3 +488,14 @@ def test_a_fixed_drafting_time_replaces_the_measured_one():
         sub, _ = budget.choose(tree)
         budget.update(sub, [], 0.5)
     assert fixed.overhead_s == 0.01 and measured.overhead_s == 0.5
+
+
+def test_best_chain_takes_the_path_with_the_most_expected_tokens_within_k_and_min_p():
+    # a hint candidate (bit 1, rate 0.9) of 6 tokens and a schema candidate (bit 2, rate 0.3) of 8 tokens
+    tree = build_tree(0, [([1, 2, 3, 4, 5, 6], 1), ([7, 8, 9, 10, 11, 12, 13, 14], 2)], 64, 24)
+    acc = Acceptance(prior={1: 0.9, 2: 0.3})
+    assert [tree.tokens[i] for i in best_chain(tree, acc, 16)] == [1, 2, 3, 4, 5, 6]
+    assert [tree.tokens[i] for i in best_chain(tree, acc, 4)] == [1, 2, 3, 4]          # at most K draft tokens
+    assert [tree.tokens[i] for i in best_chain(tree, acc, 16, min_p=0.6)] == [1, 2, 3, 4]  # 0.9^5 = 0.59 < 0.6
+    low = Acceptance(prior={1: 0.1, 2: 0.3})  # a hint that keeps failing: the other branch, short
+    assert [tree.tokens[i] for i in best_chain(tree, low, 16, min_p=0.05)] == [7, 8]
