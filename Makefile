@@ -11,7 +11,7 @@ TORCH_CPU ?= torch==2.13.0
 ARGS ?=
 
 .PHONY: setup setup-llamacpp test test-vllm lint smoke data traces labels vllm-traces train train-deepspeed-check sidecar-eval bench-wave \
-	bench-runtime bench-prefill profile-train eval report upload models vllm-setup serve bench-serve soak gpu-check
+	bench-runtime bench-vllm bench-prefill profile-train eval report upload models vllm-setup serve bench-serve soak gpu-check
 
 setup: $(VENV)/.setup-done
 
@@ -58,7 +58,7 @@ vllm-setup:
 
 # The engine tests on vLLM's build (tiny models; `make test` skips them where vllm is not importable), from .venv-vllm.
 # Only the files that hold such tests: the others import the project's training stack, which this venv does not have.
-VLLM_TESTS := tests/stages/test_traces.py tests/sidecar/test_wave.py
+VLLM_TESTS := tests/stages/test_traces.py tests/sidecar/test_wave.py tests/vllm_spec
 test-vllm: vllm-setup
 	.venv-vllm/bin/pip install -q pytest psutil
 	.venv-vllm/bin/python -m pytest -q -m vllm $(VLLM_TESTS)
@@ -95,6 +95,11 @@ bench-wave: setup
 	  data/requests/bfcl/test.jsonl data/requests/seal_tools/test.jsonl data/requests/api_bank/test.jsonl \
 	  data/requests/toolalpaca/test.jsonl $(ARGS)
 
+# The eval's requests on vLLM's engine: vLLM plain, ngram, suffix, draft model, and this project's proposer
+# (pipeline/vllm_spec) as toolspec / ooo / ooo-oracle; rows in eval/results/vllm-cpu (README "Serving on vLLM")
+bench-vllm: setup vllm-setup
+	.venv-vllm/bin/python scripts/bench_vllm.py --recipe $(or $(RECIPE),recipes/eval/vllm-cpu.yaml) $(ARGS)
+
 bench-runtime: setup
 	$(PY) scripts/bench_runtime.py $(ARGS)
 
@@ -119,8 +124,11 @@ upload: setup
 	$(PY) -m pipeline.stages.upload --adapter $(ADAPTER) --repo $(REPO) $(ARGS)
 
 # OpenAI-compatible server over the speculative runtime (README, "Serving"): make serve [RECIPE=recipes/serve/tiny.yaml]
-serve: setup $(call llamacpp_for,$(or $(RECIPE),recipes/serve/qwen2.5-coder-1.5b-cpu.yaml))
-	$(PY) -m pipeline.serve --recipe $(or $(RECIPE),recipes/serve/qwen2.5-coder-1.5b-cpu.yaml) $(ARGS)
+# A recipe with `backend: vllm` runs from vLLM's environment (vLLM's engine with the proposer inside).
+vllm_for = $(if $(shell grep -qsE '^\s*backend:\s*vllm' $(1) && echo y),vllm-setup)
+SERVE_RECIPE = $(or $(RECIPE),recipes/serve/qwen2.5-coder-1.5b-cpu.yaml)
+serve: setup $(call llamacpp_for,$(SERVE_RECIPE)) $(call vllm_for,$(SERVE_RECIPE))
+	$(if $(call vllm_for,$(SERVE_RECIPE)),.venv-vllm/bin/python,$(PY)) -m pipeline.serve --recipe $(SERVE_RECIPE) $(ARGS)
 
 # Fault-injection soak on loopback (tiny recipe by default; ARGS="-n 2000 --clients 16"); fails on a lost or hung request
 soak: setup

@@ -308,3 +308,43 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# --- servers a test starts -------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    """A free TCP port on loopback (for a server a test starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(port: int, proc, limit_s: float = 240.0) -> None:
+    """Until the server `proc` started answers /health with 200 (AssertionError with its stderr if it exits)."""
+    import time
+    import urllib.request
+
+    end = time.time() + limit_s
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}: {proc.stderr.read()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"server not healthy after {limit_s} s")
+
+
+def alive(p) -> bool:
+    """Whether a psutil process still runs (a zombie does not)."""
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -13,7 +13,11 @@ Qwen2.5-7B's shape, it checks, in order:
    the device-aware clock (pipeline/runtime/clock.py: synchronized);
 5. a PROJECTION, not a measurement: the committed table's recorded forwards (each runtime row's `tree_sizes`: the
    tree verified in each round, on the CPU) re-costed on that curve, giving each method's projected decode speedup
-   over `ar` on this device (the tree sizes the CPU budget chose: a GPU's flatter curve would choose larger trees).
+   over `ar` on this device (the tree sizes the CPU budget chose: a GPU's flatter curve would choose larger trees);
+6. vLLM's engine with this project's proposer (pipeline/vllm_spec): greedy output equal to the engine without it and
+   its drafts accepted (tests/vllm_spec/test_engine.py, run by vLLM's own environment, `.venv-vllm`, where
+   `make vllm-setup` built it; skipped with the reason where it did not, and in --quick mode: CI runs it in
+   `make test-vllm`).
 It prints one table. What it imports: torch, transformers, peft, accelerate and this repository; never trl or vllm.
 The device machine has a transformers older than the project's pin: carry the wheels `pip download --no-deps
 transformers==<pin> tokenizers safetensors huggingface-hub` gives (~15 MiB in all) and install them with `--no-deps
@@ -155,6 +159,24 @@ def projection(rows_path: Path, curve: CostCurve) -> tuple[list[tuple[str, str, 
     return rows, means
 
 
+def vllm_check(python: Path, timeout_s: float = 900) -> tuple[str, str, str]:
+    """The proposer inside vLLM's engine on this machine's device (its engine test, in vLLM's environment)."""
+    import subprocess
+
+    what = "vLLM engine + OooProposer: output = plain engine's, drafts accepted"
+    if not python.is_file():
+        return ("vllm proposer", what, f"skipped: {python} not found (make vllm-setup)")
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run([str(python), "-m", "pytest", "-q", "-m", "vllm", "tests/vllm_spec/test_engine.py"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return ("vllm proposer", what, f"FAILED: no result in {timeout_s:.0f} s")
+    last = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+    verdict = "ok" if done.returncode == 0 else "FAILED"
+    return ("vllm proposer", what, f"{verdict}: {last} ({time.perf_counter() - t0:.0f} s)")
+
+
 def table(rows: list[tuple[str, str, str]]) -> str:
     w = [max(len(r[i]) for r in rows) for i in range(3)]
     line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"  # noqa: E731
@@ -169,6 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--requests", type=int, default=4, help="fixture requests for the lossless check")
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"),
+                    help="vLLM's environment, for the proposer's engine check")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("gpu-check: --device cuda but torch sees no CUDA device (run --device cpu --quick for CI)")
@@ -198,6 +222,8 @@ def main(argv: list[str] | None = None) -> dict:
         rows += proj
     else:
         rows.append(("PROJECTION", args.rows, "not found: no projection"))
+    if not args.quick:
+        rows.append(vllm_check(Path(args.vllm_python)))
     mach = machine()
     print(f"gpu-check on {args.device}: {gpu_line(mach.get('gpu')) or mach['cpu']['model']}, torch {torch.__version__}"
           f", {time.perf_counter() - started:.0f} s")

@@ -30,6 +30,14 @@ def check_sidecar(path, recipe):
 def check_eval(path, recipe):
     from pipeline.stages import eval as eval_stage
 
+    if "vllm_bench" in recipe:  # scripts/bench_vllm.py's recipe: the same requests on vLLM's engine
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("bench_vllm", ROOT / "scripts" / "bench_vllm.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        assert bench.load_config(str(path), [])["engines"]
+        return
     cfg = eval_stage.resolve(path)
     assert cfg.methods and cfg.targets
 

@@ -38,7 +38,8 @@ SERVABLE = tuple(m for m, spec in METHOD_TABLE.items() if not spec.upper_bound) 
 class ServeConfig:
     target: str                          # model folder (or a Hub id on machines that can download)
     backend: str = "transformers"        # transformers | llamacpp (llama.cpp over the folder's source GGUF; the
-                                         # extra `llamacpp`: make setup-llamacpp)
+                                         # extra `llamacpp`: make setup-llamacpp) | vllm (vLLM's engine with the
+                                         # proposer inside: pipeline/vllm_spec/serving.py; run from .venv-vllm)
     gguf: str | None = None              # llamacpp: the GGUF (default: the one `make models` converted the folder from)
     dtype: str = "auto"                  # auto: bfloat16 where native (AVX-512 BF16 / AMX / GPU), else float32
     device: str = "cpu"
@@ -66,6 +67,8 @@ class ServeConfig:
     history_outputs: int = 256           # outputs kept per tenant history
     shared_prefix_cache: bool = False    # true: tenants share the prefix caches' KV (a timing side channel); else
                                          # each tenant (and each body `cache_salt`) has its own partition
+    num_speculative_tokens: int = 16     # vllm: the longest draft chain a step verifies (vLLM's K)
+    vllm_kwargs: dict = field(default_factory=dict)  # vllm: more engine arguments (e.g. gpu_memory_utilization)
     warmup: bool = True                  # one short generation (and one wave) before the port opens
     log_level: str = "info"
 
@@ -116,19 +119,24 @@ def warm_up(engine: Engine) -> None:
 
     request = {"id": "warmup", "messages": [{"role": "user", "content": "hello"}], "tools": []}
     t0 = time.perf_counter()
-    runtime_warm_up(engine.target, request, [lambda: generate(engine.target, request, "ar", max_new_tokens=4)],
-                    [engine.sidecar])
+    if hasattr(engine.target, "generate"):  # an engine target (vLLM) decodes itself
+        decode = lambda: engine.target.generate(engine.target, request, engine.method, max_new_tokens=4)  # noqa: E731
+    else:
+        decode = lambda: generate(engine.target, request, "ar", max_new_tokens=4)  # noqa: E731
+    runtime_warm_up(engine.target, request, [decode], [engine.sidecar])
     log.info("warm-up done in %.1f s", time.perf_counter() - t0)
 
 
 def build_engine(cfg: ServeConfig) -> Engine:
     from pipeline.runtime.backend import BACKENDS, load_target
 
-    if cfg.backend not in BACKENDS:
-        raise InputError(f"serve.backend {cfg.backend!r}; expected one of {sorted(BACKENDS)}")
+    if cfg.backend not in (*BACKENDS, "vllm"):
+        raise InputError(f"serve.backend {cfg.backend!r}; expected one of {sorted(BACKENDS) + ['vllm']}")
     if not _exists(cfg.target):
         raise InputError(f"serve.target {cfg.target!r} not found: build it first (`make models` for the CPU "
                          "targets, `python -m pipeline.testing DIR` for a tiny random one)")
+    if cfg.backend == "vllm":
+        return build_vllm_engine(cfg)
     schedule = Schedule.on(cfg.schedule, layer_switch=cfg.layer_switch)
     sidecar, method = make_sidecar(cfg, schedule.sidecar_cores)
     t0 = time.perf_counter()
@@ -152,6 +160,36 @@ def build_engine(cfg: ServeConfig) -> Engine:
                     request_timeout_s=cfg.request_timeout_s, shared_history=cfg.shared_history,
                     history_tenants=cfg.history_tenants, history_outputs=cfg.history_outputs,
                     shared_prefix_cache=cfg.shared_prefix_cache)
+    if cfg.warmup:
+        warm_up(engine)
+    return engine
+
+
+def build_vllm_engine(cfg: ServeConfig) -> Engine:
+    """vLLM's engine with the proposer inside (pipeline/vllm_spec/serving.py); the sidecar is its wave service,
+    pinned to the last core on a CPU (vLLM's threads are bound to every core)."""
+    from pipeline.hardware import available_cores
+    from pipeline.sidecar.factory import sidecar_kwargs
+
+    try:
+        from pipeline.vllm_spec.serving import VllmTarget
+    except ImportError as e:
+        raise InputError(f"serve.backend vllm: {e}; run the server from vLLM's environment (make vllm-setup; "
+                         "make serve runs .venv-vllm/bin/python for a vllm recipe)") from e
+    sidecar = None
+    if cfg.method == "ooo":
+        sidecar = sidecar_kwargs(cfg.sidecar, "serve.sidecar")
+        if cfg.device == "cpu":
+            sidecar["cores"] = available_cores()[-1:]
+    t0 = time.perf_counter()
+    target = VllmTarget(cfg.target, method=cfg.method, sidecar=sidecar, dtype=resolve_dtype(cfg.dtype, cfg.device),
+                        k=cfg.num_speculative_tokens, chat_template_kwargs=cfg.chat_template_kwargs,
+                        engine_kwargs=cfg.vllm_kwargs, max_context=cfg.max_context)
+    log.info("vLLM target %s loaded in %.1f s (method %s)", cfg.target, time.perf_counter() - t0, cfg.method)
+    engine = Engine(target, cfg.method, None, model_name=cfg.model_name or Path(cfg.target).name,
+                    queue_size=cfg.queue_size, max_tokens=cfg.max_tokens, max_context=target.max_context,
+                    call_format=cfg.call_format, request_timeout_s=cfg.request_timeout_s,
+                    shared_history=cfg.shared_history, shared_prefix_cache=cfg.shared_prefix_cache)
     if cfg.warmup:
         warm_up(engine)
     return engine

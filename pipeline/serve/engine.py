@@ -192,6 +192,8 @@ class Engine:
             self._thread = None
         if self.sidecar is not None and hasattr(self.sidecar, "close"):
             self.sidecar.close()
+        if hasattr(self.target, "close"):  # an engine target (vLLM) stops its engine and its wave service
+            self.target.close()
 
     def health(self) -> tuple[dict, int]:
         """(body, HTTP status): "ok" 200; "degraded" 200 while the sidecar process is down (requests go on without
@@ -199,6 +201,9 @@ class Engine:
         its job answered 500)."""
         dead = self._thread is not None and not self._thread.is_alive() and not self._closing
         sidecar = self.sidecar.status() if self.sidecar is not None and hasattr(self.sidecar, "status") else None
+        own = self.target.status() if hasattr(self.target, "status") else None  # an engine target (vLLM)
+        if own is not None and own.get("wave_service") is not None:
+            sidecar = own["wave_service"]  # the wave service, the sidecar's process beside vLLM's engine
         if dead:
             status, detail = "failing", "the worker thread died (restarting it)"
             self.revive()
@@ -208,10 +213,13 @@ class Engine:
             status, detail = "ok", None
         body = {"status": status, "detail": detail, "model": self.model_name, "method": self.method,
                 "max_context": self.max_context, "sidecar": sidecar,
-                "sidecar_pid": self.sidecar.pid() if sidecar == "up" else None,
+                "sidecar_pid": self.sidecar.pid() if sidecar == "up" and self.sidecar is not None else None,
                 "sidecar_restarts": getattr(self.sidecar, "restarts", 0), "worker_restarts": self.worker_restarts,
                 "queue": {"waiting": self.queue.qsize(), "size": self.queue.maxsize, "running": self.running is not None},
-                "served": self.served, "outcomes": dict(self.outcomes)}
+                "served": self.served, "outcomes": dict(self.outcomes),
+                "backend": getattr(self.target, "backend", "transformers")}
+        if own is not None:
+            body["engine"] = own
         return body, 503 if status == "failing" else 200
 
     # --- requests -----------------------------------------------------------------------------------------------
@@ -283,7 +291,11 @@ class Engine:
 
         sidecar = self.sidecar if self.method == "ooo" else None
         request = dict(job.chat.request, cache_salt=self.cache_salt(job.chat))
-        return generate(Prompted(self.target, job.prefix, job.chat.chat_template_kwargs), request, self.method, sidecar=sidecar,
+        prompted = Prompted(self.target, job.prefix, job.chat.chat_template_kwargs)
+        if hasattr(self.target, "generate"):  # an engine target (vLLM) decodes itself; its drafter keeps the history
+            return self.target.generate(prompted, request, self.method, max_new_tokens=job.max_new_tokens,
+                                        on_commit=on_commit, tenant="*" if self.shared_history else job.chat.tenant)
+        return generate(prompted, request, self.method, sidecar=sidecar,
                         max_new_tokens=job.max_new_tokens, on_commit=on_commit, history=self.history_for(job.chat.tenant),
                         schedule=self.schedule, prefill_chunk=self.prefill_chunk)
 
