@@ -218,6 +218,12 @@ def run_engine(engine, pairs, todo, done, key, cfg, target, dtype, base_kwargs, 
         print(f"bench_vllm: engine {engine['name']} did not start: {type(e).__name__}: {e}", file=sys.stderr)
         return {"error": f"{type(e).__name__}: {str(e)[:2000]}", "kwargs": repr(kwargs)[:2000]}
     start_s = time.perf_counter() - t0
+    from pipeline.stages.eval import git_commit, gpu_stamp
+
+    mach = machine(dtype)  # each row says where it ran, as the eval's rows do
+    where = {"cpu": mach["cpu"]["model"], "flags": mach["cpu"]["flags"], "torch": mach.get("torch"),
+             "dtype": mach.get("dtype"), "commit": git_commit(ROOT / "eval" / "results" / cfg["run"]),
+             **gpu_stamp(mach)}
     identity = wave_identity(cfg["sidecar"]) if front is not None and front.sidecar is not None else None
     wave_pid = front.proc.pid if front is not None and front.proc is not None else None
 
@@ -262,7 +268,7 @@ def run_engine(engine, pairs, todo, done, key, cfg, target, dtype, base_kwargs, 
                "prefill_s": wall - decode_s if decode_s is not None else None, "decode_s": decode_s, "wall_s": wall,
                "prompt_tokens": len(ids), "cached_tokens": out.num_cached_tokens or 0,
                "prefix_cache": bool(cfg.get("prefix_caching", False)), "stop": seq.finish_reason,
-               "measured": usage, "machine": machine(dtype)}
+               "measured": usage, "machine": where}
         if rid is not None:
             row["rid"] = rid
         if METHOD_TABLE.get(method) is not None and METHOD_TABLE[method].sidecar:
@@ -314,9 +320,9 @@ def flush(pending: list[dict], front, rows_file, done, wait_s: float = 0.0) -> l
             left.append(row)
             continue
         row.update(hint_ready_s=fig.get("hint_ready_s"), hint_error=fig.get("hint_error"),
-                   hint_tokens_accepted=fig.get("hint_accepted", 0), proposer=fig,
-                   payload_bytes=fig.get("payload_bytes"), sidecar_cpu_s=fig.get("sidecar_cpu_s"),
-                   overhead_s=fig.get("draft_s"))
+                   hint_tokens_accepted=fig.get("hint_accepted", 0), proposer_steps=fig.get("steps"),
+                   proposer_drafted=fig.get("drafted"), payload_bytes=fig.get("payload_bytes"),
+                   sidecar_cpu_s=fig.get("sidecar_cpu_s"), overhead_s=fig.get("draft_s"))
         rows_file.write(row)
         done[row["key"]] = row
     return left
