@@ -156,12 +156,18 @@ def main(argv=None) -> None:
         for req in load_requests(ROOT / cfg.get("requests_root", "data/requests") / bench / f"{cfg.get('split', 'test')}.jsonl",
                                  limit, how="even"):
             requests.append((bench, req, tok(render_prompt(tok, req), add_special_tokens=False).input_ids))
+    # the warm-up request is one the run does not measure: an engine that learns across requests (vLLM's suffix
+    # decoding keeps every output in its tree) must not have seen a measured request's answer
+    chosen = {r["id"] for _, r, _ in requests}
+    first = cfg.get("benchmarks") and next(iter(cfg["benchmarks"]))
+    spare = next(r for r in load_requests(ROOT / cfg.get("requests_root", "data/requests") / first /
+                                          f"{cfg.get('split', 'test')}.jsonl") if r["id"] not in chosen)
+    warm = (first, spare, tok(render_prompt(tok, spare), add_special_tokens=False).input_ids)
     dtype = resolve_dtype(target.get("dtype", "auto"))
     params = SamplingParams(temperature=0.0, max_tokens=int(cfg.get("max_new_tokens", 256)))
     rows_file = ResumableJsonl(out_dir / "rows.jsonl", key="key")
     done = rows_file.rows()  # a stopped run's rows: skipped, and the plain engine's text is the oracle's hint
     engines_log = json.loads((out_dir / "engines.json").read_text()) if (out_dir / "engines.json").exists() else {}
-    rng = random.Random(int(cfg.get("seed", 0)))
     names = args.engines or [e["name"] for e in cfg["engines"]]
     base_kwargs, env, settings = engine_settings(
         {"enable_prefix_caching": bool(cfg.get("prefix_caching", False)), **(cfg.get("vllm_kwargs") or {})},
@@ -177,8 +183,9 @@ def main(argv=None) -> None:
             todo = [(b, r, ids) for b, r, ids in requests if any(key(b, r, m, s) not in done for m, s in pairs)]
             if not todo:
                 continue
-            log = run_engine(engine, pairs, todo, done, key, cfg, target, dtype, base_kwargs, params, tok, stops,
-                             rows_file, rng, token_digest, LLM, Frontend)
+            rng = random.Random(f"{cfg.get('seed', 0)}|{engine['name']}")  # an engine's order, whatever runs with it
+            log = run_engine(engine, pairs, todo, warm, done, key, cfg, target, dtype, base_kwargs, params, tok,
+                             stops, rows_file, rng, token_digest, LLM, Frontend)
             engines_log[engine["name"]] = {**log, "settings": settings, "machine": machine(dtype)}
             with atomic_open(out_dir / "engines.json") as f:
                 json.dump(engines_log, f, indent=1)
@@ -193,8 +200,8 @@ def main(argv=None) -> None:
         seal(out_dir)
 
 
-def run_engine(engine, pairs, todo, done, key, cfg, target, dtype, base_kwargs, params, tok, stops, rows_file, rng,
-               token_digest, LLM, Frontend) -> dict:
+def run_engine(engine, pairs, todo, warm, done, key, cfg, target, dtype, base_kwargs, params, tok, stops, rows_file,
+               rng, token_digest, LLM, Frontend) -> dict:
     """One engine over the requests it has not answered yet; returns what the engine log records."""
     ours = "methods" in engine
     front = None
@@ -275,7 +282,6 @@ def run_engine(engine, pairs, todo, done, key, cfg, target, dtype, base_kwargs, 
             row["sidecar"] = identity
         return row
 
-    warm = todo[0]
     for method, schedule in pairs:  # untimed: compile, caches, the wave's first load (a history of its own)
         decode(warm[0], warm[1], warm[2], method, schedule, None, tenant="warm-up")
     pending = []  # our rows wait for the proposer's figures, written at its next steps
