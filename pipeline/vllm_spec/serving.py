@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -46,8 +47,6 @@ class VllmTarget:
         self.histories, self.budgets, self.memo, self.curve = {}, {}, None, None  # the runtime's, unused here
         self.front = Frontend(sidecar if METHOD_TABLE[method].sidecar else None)
         kwargs, env, self.settings = engine_settings({"enable_prefix_caching": True, **(engine_kwargs or {})}, {})
-        import os
-
         os.environ.update(env)
         if METHOD_TABLE[method].drafters:
             kwargs.update(self.front.engine_kwargs(k, min_p, self.chat_template_kwargs))

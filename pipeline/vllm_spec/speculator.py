@@ -36,7 +36,7 @@ class RequestState:
 
     def __init__(self, reg: dict, drafting: Drafting | None, hint: BoardHint | None):
         self.rid, self.length, self.digest = reg["rid"], reg["length"], reg["digest"]
-        self.method, self.tenant = reg["method"], reg.get("tenant", "")
+        self.method, self.tenant, self.arrived = reg["method"], reg.get("tenant", ""), reg["arrived"]
         self.context = context_of(reg.get("request") or {})
         self.drafting, self.hint = drafting, hint
         self.output: list[int] = []     # output ids seen so far
@@ -148,7 +148,6 @@ class Speculator:
                                 history=self.history(reg.get("tenant", "")), validate=method != "ooo-oracle",
                                 chat_template_kwargs=self.chat_template_kwargs, eos=self.eos, max_depth=self.k)
         s = RequestState(dict(reg, method=method), drafting, hint)
-        s.arrived = reg["arrived"]
         self.states[s.rid] = s
         return s
 

@@ -7,6 +7,7 @@ accepted (by the proposer's own count and by vLLM's spec-decode counters)."""
 
 import gc
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,6 @@ def engine(model: Path, **extra):
     from vllm import LLM
 
     from pipeline.vllm_engine import engine_settings
-
-    import os
 
     kwargs, env, _ = engine_settings({"enforce_eager": True, "enable_prefix_caching": False}, {})
     os.environ.update(env)
