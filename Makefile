@@ -28,9 +28,12 @@ $(VENV)/.setup-done: pyproject.toml
 # Not part of `make setup`; eval and serve install it when their recipe names `backend: llamacpp`.
 setup-llamacpp: $(VENV)/.llamacpp-done
 
+# Build flags per CPU (pipeline/hardware.py, llamacpp_cmake_args): on a CPU with AMX, every instruction set but AMX
+# (ggml's AMX kernels crash on quantized GGUFs there); elsewhere the native build. The choice is printed and recorded.
+# A CMAKE_ARGS of your own wins.
 $(VENV)/.llamacpp-done: $(VENV)/.setup-done
-	$(PIP) install -e '.[llamacpp]'
-	touch $@
+	args="$${CMAKE_ARGS-$$($(PY) -m pipeline.hardware llamacpp-cmake-args)}"; \
+	  CMAKE_ARGS="$$args" $(PIP) install -e '.[llamacpp]' && echo "CMAKE_ARGS=$$args" > $@
 
 # setup-llamacpp when the recipe $(1) has a target on the llama.cpp backend
 llamacpp_for = $(if $(shell grep -qsE '^\s*backend:\s*llamacpp' $(1) && echo y),setup-llamacpp)

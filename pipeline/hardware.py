@@ -37,6 +37,39 @@ def cpu_info() -> dict:
     return {"model": model, "flags": sorted(f for f in REPORTED_FLAGS if f in flags), "cores": len(available_cores())}
 
 
+def cpu_flags() -> set[str]:
+    """Every flag /proc/cpuinfo lists for the first CPU (empty where there is no such file)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+# ggml's instruction-set options and the /proc/cpuinfo flag each needs (its CMake names, GGML_NATIVE=OFF builds)
+GGML_ISA = (("GGML_AVX", "avx"), ("GGML_AVX2", "avx2"), ("GGML_FMA", "fma"), ("GGML_F16C", "f16c"),
+            ("GGML_AVX_VNNI", "avx_vnni"), ("GGML_AVX512", "avx512f"), ("GGML_AVX512_VBMI", "avx512vbmi"),
+            ("GGML_AVX512_VNNI", "avx512_vnni"), ("GGML_AVX512_BF16", "avx512_bf16"))
+
+
+def llamacpp_cmake_args(flags: set[str]) -> tuple[str, str]:
+    """(CMAKE_ARGS for llama-cpp-python's build, why). A CPU with AMX gets every instruction set it has except AMX:
+    ggml's AMX kernels (the buffer that Q4_K/Q8_0 weights are repacked into) crash on the first decode of a quantized
+    GGUF on such machines (llama.cpp issue 20824: SIGSEGV in ggml_backend_amx_mul_mat), while the AVX-512 CPU repack
+    stays; any other CPU builds for its native instruction sets (ggml's default)."""
+    amx = sorted(f for f in flags if f.startswith("amx"))
+    if not amx:
+        return "", "native build (no AMX on this CPU)"
+    isa = [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for opt, flag in GGML_ISA]
+    args = " ".join(["-DGGML_NATIVE=OFF", *isa, "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"])
+    return args, f"this CPU has {' '.join(amx)}: ggml's AMX kernels left out (they crash on quantized GGUFs), " \
+                 "its AVX-512 kernels and CPU repack kept"
+
+
 def torch_capability() -> str | None:
     try:
         import torch
@@ -176,4 +209,15 @@ def cpu_usage(start: dict, end: dict) -> dict:
     return out
 
 
-__all__ = ["cpu_info", "cpu_sample", "cpu_usage", "native_bf16", "resolve_dtype", "torch_dtype", "available_cores", "pin", "machine"]
+__all__ = ["cpu_info", "cpu_flags", "llamacpp_cmake_args", "cpu_sample", "cpu_usage", "native_bf16", "resolve_dtype", "torch_dtype", "available_cores", "pin", "machine"]
+
+
+if __name__ == "__main__":  # `python -m pipeline.hardware llamacpp-cmake-args`: what make setup-llamacpp builds with
+    import sys
+
+    if sys.argv[1:] == ["llamacpp-cmake-args"]:
+        args, why = llamacpp_cmake_args(cpu_flags())
+        print(f"setup-llamacpp: {why}{': ' + args if args else ''}", file=sys.stderr)
+        print(args)
+    else:
+        sys.exit("usage: python -m pipeline.hardware llamacpp-cmake-args")

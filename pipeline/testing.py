@@ -215,11 +215,13 @@ def teach(model, examples: list[tuple[list[int], list[int]]], steps: int = 300, 
     model.eval()
 
 
-def write_gguf(model, tokenizer, path: str | Path, *, q8_0: bool = False, chat_template: str | None = None) -> Path:
+def write_gguf(model, tokenizer, path: str | Path, *, q8_0: bool = False, quant: str | None = None,
+               chat_template: str | None = None) -> Path:
     """A tiny Qwen2 transformers model as a GGUF that llama.cpp and transformers load: its weights under llama.cpp's
-    tensor names (the gguf package's own map; no output.weight when the embeddings are tied), in F32 or, with `q8_0`,
-    its matrices quantized to Q8_0 (what `make models` de-quantizes), and the byte-level BPE tokenizer (tokens,
-    merges, special tokens as control, `chat_template` when given)."""
+    tensor names (the gguf package's own map; no output.weight when the embeddings are tied), in F32 or, with `q8_0`
+    (or `quant`: "q8_0" / "q4_0"), its matrices quantized (what `make models` de-quantizes; Q4_0 is what llama.cpp's
+    CPU repack takes on x86), and the byte-level BPE tokenizer (tokens, merges, special tokens as control,
+    `chat_template` when given)."""
     import gguf
     import numpy as np
 
@@ -237,7 +239,10 @@ def write_gguf(model, tokenizer, path: str | Path, *, q8_0: bool = False, chat_t
     rope = getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 1e6)
     writer.add_rope_freq_base(float(rope))
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8_0 else gguf.LlamaFileType.ALL_F32)
+    quant = quant or ("q8_0" if q8_0 else None)
+    qtype = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0, None: None}[quant]
+    writer.add_file_type({"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+                          None: gguf.LlamaFileType.ALL_F32}[quant])
     by_id = {i: t for t, i in tokenizer.get_vocab().items()}
     special = set(tokenizer.all_special_ids)
     writer.add_tokenizer_model("gpt2")
@@ -260,9 +265,9 @@ def write_gguf(model, tokenizer, path: str | Path, *, q8_0: bool = False, chat_t
             continue  # tied to the embeddings: a GGUF without output.weight
         array = np.ascontiguousarray(tensor.detach().float().numpy(), dtype=np.float32)
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if q8_0 and array.ndim == 2 and array.shape[1] % 32 == 0:
-            q8 = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(gguf_name, q8, raw_shape=q8.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        if qtype is not None and array.ndim == 2 and array.shape[1] % 32 == 0:
+            q = gguf.quants.quantize(array, qtype)
+            writer.add_tensor(gguf_name, q, raw_shape=q.shape, raw_dtype=qtype)
         else:
             writer.add_tensor(gguf_name, array)
     writer.write_header_to_file()

@@ -39,8 +39,8 @@ def random_target(tmp_path_factory, tok):
 
 
 @pytest.fixture(scope="module")
-def caller(tmp_path_factory, tok, requests):
-    """A tiny Qwen2 taught to answer two requests with their fenced gold calls, as a GGUF."""
+def taught(tok, requests):
+    """A tiny Qwen2 (transformers) taught to answer two requests with their fenced gold calls."""
     from pipeline.testing import make_tiny_model, teach
 
     torch.manual_seed(0)
@@ -52,6 +52,13 @@ def caller(tmp_path_factory, tok, requests):
     renderer = Target(model, tok, prefix_cache=False)  # the prompt ids are the tokenizer's: alike on both backends
     examples = [(renderer.prompt_ids(r), tok.encode(fenced(r), add_special_tokens=False) + [eos]) for r in reqs]
     teach(model, examples, steps=300)
+    return model, reqs
+
+
+@pytest.fixture(scope="module")
+def caller(tmp_path_factory, tok, taught):
+    """The taught tiny Qwen2 as an F32 GGUF."""
+    model, reqs = taught
     target = gguf_target(tmp_path_factory, tok, model, "tiny-caller", prefix_cache=False)
     for req in reqs:
         ar = generate(target, req, "ar", max_new_tokens=120)
@@ -187,3 +194,29 @@ def test_right_hint_cuts_decodes_wrong_costs_at_most_two(caller):
         bad = generate(target, req, "ooo", sidecar=Ready(wrong), max_new_tokens=120)
         assert bad.token_ids == ar.token_ids
         assert bad.stats.forwards <= toolspec.stats.forwards + 2, (bad.stats.forwards, toolspec.stats.forwards)
+
+
+def test_a_quantized_gguf_decodes_and_every_method_equals_ar(tmp_path_factory, tok, taught):
+    """The taught tiny Qwen2 as a Q4_0 GGUF, whose matrices llama.cpp repacks for its CPU kernels (q4_0_8x8 on x86; a
+    verbose load prints `repack tensor ... with q4_0_8x8`) and, in a build with them, for its AMX kernels, which
+    crash on AMX machines (`make setup-llamacpp` leaves them out there): prefill,
+    tree verifies and whole decodes through the llama.cpp target; the taught call survives quantization and every
+    method's tokens equal `ar`'s (a confident model: random weights meet near-ties that the quantized batched and
+    single-token kernels round differently). An F32 GGUF is never repacked, so the other tests cannot catch a crash."""
+    import gguf
+
+    from pipeline.runtime.llamacpp import LlamaCppTarget
+    from pipeline.testing import write_gguf
+
+    model, reqs = taught
+    path = write_gguf(model, tok, tmp_path_factory.mktemp("q4") / "tiny-q4_0.gguf", quant="q4_0")
+    kinds = {t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert "Q4_0" in kinds, kinds
+    target = LlamaCppTarget(path, tok, model.generation_config, name="tiny-q4_0", threads=2, n_ctx=4096,
+                            prefix_cache=False)
+    for req in reqs:
+        ar = generate(target, req, "ar", max_new_tokens=120)
+        assert ar.text == fenced(req), f"the Q4_0 GGUF lost the taught call: {ar.text!r}"
+        for method in METHODS[1:]:
+            res = generate(target, req, method, max_new_tokens=120, oracle=ar)
+            assert res.token_ids == ar.token_ids, (req["id"], method)
