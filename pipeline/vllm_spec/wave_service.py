@@ -30,9 +30,9 @@ def serve(board: HintBoard, wave, parent: int | None = None, poll_s: float = POL
     from ..hardware import pin
 
     done: set[str] = set()
-    pinned = cores
+    pinned, registered = cores, {}
     while parent is None or os.getppid() == parent:
-        registered = board.registered()
+        registered = board.registered(registered)  # new registrations only are read
         done &= set(registered)  # ended requests are forgotten
         todo = [r for rid, r in registered.items()
                 if rid not in done and METHOD_TABLE.get(r.get("method"), METHOD_TABLE["ar"]).sidecar]
