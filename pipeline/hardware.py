@@ -20,20 +20,17 @@ REPORTED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "
 @lru_cache(maxsize=1)
 def cpu_info() -> dict:
     """CPU model name and the flags that matter for matrix products (Linux /proc/cpuinfo; elsewhere what is known)."""
-    model, flags = platform.processor() or platform.machine(), set()
+    model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and model in ("", platform.machine(), platform.processor()):
+                if key.strip() == "model name" and model in ("", platform.machine(), platform.processor()):
                     model = value.strip()
-                elif key in ("flags", "Features"):
-                    flags = set(value.split())
-                if model and flags:
                     break
     except OSError:
         pass
+    flags = cpu_flags()
     return {"model": model, "flags": sorted(f for f in REPORTED_FLAGS if f in flags), "cores": len(available_cores())}
 
 

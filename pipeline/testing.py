@@ -215,11 +215,10 @@ def teach(model, examples: list[tuple[list[int], list[int]]], steps: int = 300, 
     model.eval()
 
 
-def write_gguf(model, tokenizer, path: str | Path, *, q8_0: bool = False, quant: str | None = None,
-               chat_template: str | None = None) -> Path:
+def write_gguf(model, tokenizer, path: str | Path, *, quant: str | None = None, chat_template: str | None = None) -> Path:
     """A tiny Qwen2 transformers model as a GGUF that llama.cpp and transformers load: its weights under llama.cpp's
-    tensor names (the gguf package's own map; no output.weight when the embeddings are tied), in F32 or, with `q8_0`
-    (or `quant`: "q8_0" / "q4_0"), its matrices quantized (what `make models` de-quantizes; Q4_0 is what llama.cpp's
+    tensor names (the gguf package's own map; no output.weight when the embeddings are tied), in F32 or, with `quant`
+    ("q8_0" / "q4_0"), its matrices quantized (what `make models` de-quantizes; Q4_0 is what llama.cpp's
     CPU repack takes on x86), and the byte-level BPE tokenizer (tokens, merges, special tokens as control,
     `chat_template` when given)."""
     import gguf
@@ -239,7 +238,6 @@ def write_gguf(model, tokenizer, path: str | Path, *, q8_0: bool = False, quant:
     rope = getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 1e6)
     writer.add_rope_freq_base(float(rope))
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    quant = quant or ("q8_0" if q8_0 else None)
     qtype = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0, None: None}[quant]
     writer.add_file_type({"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
                           None: gguf.LlamaFileType.ALL_F32}[quant])
@@ -311,10 +309,6 @@ def main() -> None:
     print(make_tiny_model_dir(args.out, args.family, args.seed))
 
 
-if __name__ == "__main__":
-    main()
-
-
 # --- servers a test starts -------------------------------------------------------------------------------------
 
 def free_port() -> int:
@@ -353,3 +347,18 @@ def alive(p) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def still_running(children, within_s: float) -> list[tuple[int, str]]:
+    """(pid, command line) of the `children` (psutil processes) still alive `within_s` seconds from now."""
+    import time
+
+    end = time.time() + within_s
+    while time.time() < end and any(alive(c) for c in children):
+        time.sleep(0.1)
+    return [(c.pid, " ".join(c.cmdline())[:120]) for c in children if alive(c)]
+
+
+
+if __name__ == "__main__":
+    main()

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .drafters import HintDrafter, History, context_of
-from .drafting import DRAFTERS, Drafting  # noqa: F401 - DRAFTERS: the table, re-exported for the loop's readers
+from .drafting import Drafting
 from .sidecar_client import Ready
 from .budget import TreeBudget
 from .backend import TargetBackend as Target  # transformers or llama.cpp (runtime/backend.py)

@@ -130,10 +130,7 @@ class VllmTarget:
             stats.hint_error, stats.sidecar_cpu_s = hint.get("error"), hint.get("cpu_s")
         elif METHOD_TABLE[method].sidecar:
             stats.hint_error = "sidecar: no hint before the answer ended"
-        # the proposer's count of the hint's accepted tokens, for the previous request (written at its next step)
-        fig = self.front.figures(rid, wait_s=0.0) if rid is not None else None
-        if fig:
-            stats.hint_tokens = fig.get("hint_accepted", 0)
+        # stats.hint_tokens stays 0: the proposer counts them at its next engine step, after this answer has gone
         body = ids[:-1] if ids and ids[-1] in self.stop_ids else ids
         return Result(self.decode(body), ids, stats)
 

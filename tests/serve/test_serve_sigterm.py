@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 psutil = pytest.importorskip("psutil")
 ROOT = Path(__file__).resolve().parents[2]
 
-from pipeline.testing import alive, free_port, wait_healthy  # noqa: E402
+from pipeline.testing import alive, free_port, still_running, wait_healthy  # noqa: E402
 
 
 def test_sigterm_stops_the_server_and_every_child(tmp_path):
@@ -34,10 +33,7 @@ def test_sigterm_stops_the_server_and_every_child(tmp_path):
         assert children, "the ooo server should run a sidecar worker (and multiprocessing's resource tracker)"
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
-        end = time.time() + 5
-        while time.time() < end and any(alive(c) for c in children):
-            time.sleep(0.1)
-        left = [(c.pid, " ".join(c.cmdline())[:120]) for c in children if alive(c)]
+        left = still_running(children, within_s=5)
         assert left == [], f"children still running 5 s after the server exited: {left}"
     finally:
         for c in children:  # only the processes this test started

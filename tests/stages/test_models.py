@@ -239,7 +239,7 @@ def write_tiny_gguf(path: Path):
     from pipeline.testing import CHAT_TEMPLATE, make_tiny_model, write_gguf
 
     model, tok = make_tiny_model("qwen2")
-    write_gguf(model, tok, path, q8_0=True, chat_template=CHAT_TEMPLATE)
+    write_gguf(model, tok, path, quant="q8_0", chat_template=CHAT_TEMPLATE)
     return model
 
 

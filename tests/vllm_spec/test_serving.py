@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -30,7 +29,7 @@ def get(port: int, path: str) -> tuple[int, str]:
 
 def test_serve_on_vllm_answers_and_sigterm_stops_every_child(tmp_path):
     psutil = pytest.importorskip("psutil")
-    from pipeline.testing import alive, free_port, make_tiny_model_dir, wait_healthy
+    from pipeline.testing import alive, free_port, make_tiny_model_dir, still_running, wait_healthy
 
     # vLLM's CPU attention takes head sizes of 32 and up: 2 heads of 64
     model = make_tiny_model_dir(tmp_path / "tiny-qwen2", "qwen2", hidden=128, heads=2, kv_heads=1)
@@ -61,10 +60,7 @@ def test_serve_on_vllm_answers_and_sigterm_stops_every_child(tmp_path):
         assert any("wave_service" in " ".join(c.cmdline()) for c in children), "no wave service among the children"
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-        end = time.time() + 10
-        while time.time() < end and any(alive(c) for c in children):
-            time.sleep(0.2)
-        left = [(c.pid, " ".join(c.cmdline())[:120]) for c in children if alive(c)]
+        left = still_running(children, within_s=10)
         assert left == [], f"children still running 10 s after the server exited: {left}"
     finally:
         for c in children:
