@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3")  # the sidecar wave's tiny families; make_config also builds "gemma3" (targets)
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 
 # Qwen2.5-style template, reduced to what the pipeline needs: system, tools block, user/assistant/tool turns,
@@ -107,7 +107,13 @@ def make_config(family: str, vocab_size: int, hidden: int = 64, layers: int = 2,
         return Qwen2Config(**common)
     if family == "qwen3":
         return Qwen3Config(head_dim=hidden // heads, **common)
-    raise ValueError(f"unknown tiny model family {family!r}; expected one of {FAMILIES}")
+    if family == "gemma3":  # Gemma 3's text model: a sliding-window layer, then a full one (window 32 tokens, so a
+        from transformers import Gemma3TextConfig  # test prompt is longer than it)
+
+        return Gemma3TextConfig(head_dim=hidden // heads, sliding_window=32, query_pre_attn_scalar=hidden // heads,
+                                layer_types=["sliding_attention", "full_attention"] * (layers // 2)
+                                + ["sliding_attention"] * (layers % 2), **common)
+    raise ValueError(f"unknown tiny model family {family!r}; expected one of {(*FAMILIES, 'gemma3')}")
 
 
 def make_tiny_model(family: str = "qwen2", tokenizer=None, seed: int = 0, dtype=None, **config_kw):

@@ -11,8 +11,9 @@ kept in a bounded LRU store; the next request's prefill reuses the longest promp
 keyed by a request id is not offered to the same id again, so methods compared on one request pay the same prefill;
 with a `PrefillMemo` (the eval) variants that prefill the same prompt on the same threads compute it once and are
 each charged the measured time.
-Custom 4-D masks work with the `eager` and `sdpa` attention implementations of Llama, Qwen2 and Qwen3; other
-implementations (flash-attention kernels take no arbitrary mask) fall back to verifying the best single chain.
+Custom 4-D masks work with the `eager` and `sdpa` attention implementations of Llama, Qwen2, Qwen3 and Gemma 3 (whose
+sliding-window layers get the tree mask with the window applied, as a per-layer-type dict); other implementations
+(flash-attention kernels take no arbitrary mask) fall back to verifying the best single chain.
 """
 
 from __future__ import annotations
@@ -202,6 +203,23 @@ class PrefillMemo:
         self.key, self.entries = None, {}
 
 
+def sliding_window(config) -> int | None:
+    """The window of a model whose layers include sliding-window attention (Gemma 3: 5 of every 6), else None."""
+    types = getattr(config, "layer_types", None) or ()
+    return int(config.sliding_window) if "sliding_attention" in types and getattr(config, "sliding_window", None) else None
+
+
+def window_mask(mask: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
+    """A tree mask [1, 1, T, past + T] with a sliding window on top: a query at position p sees a key at position k
+    only when p - k < window (transformers' sliding-window rule), cache key i being at position i, a tree key at its
+    node's position."""
+    n = positions.shape[-1]
+    past = mask.shape[-1] - n
+    q = positions[0][:, None]
+    k = torch.cat([torch.arange(past, device=positions.device), positions[0]])[None, :]
+    return mask.masked_fill((q - k >= window)[None, None], torch.finfo(mask.dtype).min)
+
+
 class Target:
     """A causal LM + tokenizer + one DynamicCache. Not thread-safe; one request at a time."""
 
@@ -217,6 +235,7 @@ class Target:
         self.clock = Clock(self.device)  # prefill / verify / keep end synchronized: the loop's timestamps see the work
         self.dtype = next(model.parameters()).dtype
         self.stop_ids = self._stop_ids()
+        self.window = sliding_window(model.config)  # Gemma 3's sliding layers: the tree mask needs the window too
         self.cache = None
         # prefix_cache: True (32k tokens), a token budget, or False (off)
         self.prefix_cache = None if not prefix_cache else PrefixCache(32768 if prefix_cache is True else int(prefix_cache))
@@ -290,7 +309,9 @@ class Target:
 
         t0, c0 = self.clock.now(), time.process_time()
         threads = torch.get_num_threads()
-        self.cache = DynamicCache(config=self.model.config)
+        # A sliding-window model (Gemma 3) keeps every entry in its sliding layers too: the cache is cut and reordered
+        # by position (crop, keep), and the window is a mask (`logits`), as the model's own masks make it.
+        self.cache = DynamicCache() if self.window else DynamicCache(config=self.model.config)
         hit = self.memo.get(key, ids, threads) if reuse and self.memo is not None else None
         if hit is not None:
             for i, (k, v) in enumerate(hit["state"]):
@@ -344,6 +365,9 @@ class Target:
                 raise ValueError(f"target {self.name} cannot verify a tree (attention {self.model.config._attn_implementation})")
             mask = tree_mask(tree.parents, past, self.dtype, self.device)
             pos = tree_positions(tree.depths, past, self.device)
+            if self.window:  # a 4-D mask is used as-is by every layer: the sliding layers get theirs with the window
+                mask = {"full_attention": mask,
+                        "sliding_attention": window_mask(mask, pos, self.window)}
             out = self.model(input_ids=x, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True)
         return out.logits[0]
 
