@@ -76,13 +76,19 @@ class CostCurve:
     @classmethod
     def measure(cls, target, past: int = 512, reps: int = 3, sizes: tuple[int, ...] = SIZES) -> CostCurve:
         """Time one verify of k tree tokens after a `past`-token cache on `target` (fastest of `reps`); any backend
-        of the `TargetBackend` protocol (transformers, llama.cpp)."""
+        of the `TargetBackend` protocol (transformers, llama.cpp). The prefill of that cache is timed too (meta
+        `prefill_s`, the faster of two: the first also warms the backend up): `backend: auto` predicts prefills
+        from it."""
         from .clock import clock_of
 
         clock = clock_of(target)  # on a GPU a forward returns at launch: read the time after the device finished
         vocab = len(target.tokenizer)
         ids = [(i * 7919) % min(vocab - 1, 30000) + 1 for i in range(past)]
-        target.prefill(ids, prefix_cache=False)  # a synthetic prompt: never stored for real requests
+        prefills = []
+        for _ in range(2):
+            t0 = clock.now()
+            target.prefill(ids, prefix_cache=False)  # a synthetic prompt: never stored for real requests
+            prefills.append(clock.now() - t0)
         out = []
         for k in (sizes[-1],) + tuple(sizes):  # the first forward of the largest size is a warm-up
             times = []
@@ -97,7 +103,7 @@ class CostCurve:
                 times.append(clock.now() - t0)
                 target.drop(k)
             out.append(min(times))  # other work on the machine only ever adds time: the minimum is the cost
-        return cls(tuple(sizes), tuple(out[1:]), {"past": past, "reps": reps})
+        return cls(tuple(sizes), tuple(out[1:]), {"past": past, "reps": reps, "prefill_s": min(prefills)})
 
     @classmethod
     def cached(cls, target, key: dict, past: int = 512, reps: int = 3) -> CostCurve:
@@ -106,7 +112,9 @@ class CostCurve:
         path = cost_dir() / f"{digest}.json"
         if path.is_file():
             try:
-                return cls.from_dict(json.loads(path.read_text()))
+                curve = cls.from_dict(json.loads(path.read_text()))
+                if "prefill_s" in curve.meta:  # curves cached before the prefill was timed are measured again
+                    return curve
             except (ValueError, KeyError):
                 pass  # a corrupt file is measured again
         curve = cls.measure(target, past, reps)

@@ -38,8 +38,11 @@ SERVABLE = tuple(m for m, spec in METHOD_TABLE.items() if not spec.upper_bound) 
 class ServeConfig:
     target: str                          # model folder (or a Hub id on machines that can download)
     backend: str = "transformers"        # transformers | llamacpp (llama.cpp over the folder's source GGUF; the
-                                         # extra `llamacpp`: make setup-llamacpp) | vllm (vLLM's engine with the
-                                         # proposer inside: pipeline/vllm_spec/serving.py; run from .venv-vllm)
+                                         # extra `llamacpp`: make setup-llamacpp) | auto (each installed backend
+                                         # measured at start, the faster for `method` serves: runtime/auto.py;
+                                         # ~1 min more start-up the first time on a machine, the curves are cached)
+                                         # | vllm (vLLM's engine with the proposer inside:
+                                         # pipeline/vllm_spec/serving.py; run from .venv-vllm)
     gguf: str | None = None              # llamacpp: the GGUF (default: the one `make models` converted the folder from)
     dtype: str = "auto"                  # auto: bfloat16 where native (AVX-512 BF16 / AMX / GPU), else float32
     device: str = "cpu"
@@ -130,8 +133,8 @@ def warm_up(engine: Engine) -> None:
 def build_engine(cfg: ServeConfig) -> Engine:
     from pipeline.runtime.backend import BACKENDS, load_target
 
-    if cfg.backend not in (*BACKENDS, "vllm"):
-        raise InputError(f"serve.backend {cfg.backend!r}; expected one of {sorted(BACKENDS) + ['vllm']}")
+    if cfg.backend not in (*BACKENDS, "auto", "vllm"):
+        raise InputError(f"serve.backend {cfg.backend!r}; expected one of {sorted(BACKENDS) + ['auto', 'vllm']}")
     if not _exists(cfg.target):
         raise InputError(f"serve.target {cfg.target!r} not found: build it first (`make models` for the CPU "
                          "targets, `python -m pipeline.testing DIR` for a tiny random one)")
@@ -140,13 +143,25 @@ def build_engine(cfg: ServeConfig) -> Engine:
     schedule = Schedule.on(cfg.schedule, layer_switch=cfg.layer_switch)
     sidecar, method = make_sidecar(cfg, schedule.sidecar_cores)
     t0 = time.perf_counter()
-    kw = {"attn": cfg.attn} if cfg.backend == "transformers" else {"gguf": cfg.gguf}
-    try:
-        target = load_target(cfg.backend, cfg.target, dtype=resolve_dtype(cfg.dtype, cfg.device), device=cfg.device,
+
+    def load(backend: str):
+        kw = {"attn": cfg.attn} if backend == "transformers" else {"gguf": cfg.gguf}
+        target = load_target(backend, cfg.target, dtype=resolve_dtype(cfg.dtype, cfg.device), device=cfg.device,
                              prefix_cache=cfg.prefix_cache, chat_template_kwargs=cfg.chat_template_kwargs, **kw)
-    except (FileNotFoundError, ValueError) as e:  # no GGUF, a GGUF that does not load, a device llama.cpp lacks
+        target.set_threads(schedule.threads(None))
+        return target
+
+    try:
+        if cfg.backend == "auto":
+            from pipeline.runtime.auto import choose
+
+            only = None if cfg.device == "cpu" else [("transformers", None),
+                                                     ("llamacpp", f"llama.cpp runs on the CPU, not {cfg.device}")]
+            target, _ = choose(cfg.target, method, load, gguf=cfg.gguf, only=only)
+        else:
+            target = load(cfg.backend)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:  # no GGUF, a GGUF that does not load, a device
         raise InputError(f"serve.target {cfg.target!r} (backend {cfg.backend}): {e}") from e
-    target.set_threads(schedule.threads(None))
     if cfg.tree_budget == "auto":
         curve = target.calibrate()
         log.info("cost curve (s per forward of %s tree tokens): %s", list(curve.sizes),

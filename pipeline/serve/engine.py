@@ -218,6 +218,8 @@ class Engine:
                 "queue": {"waiting": self.queue.qsize(), "size": self.queue.maxsize, "running": self.running is not None},
                 "served": self.served, "outcomes": dict(self.outcomes),
                 "backend": getattr(self.target, "backend", "transformers")}
+        if getattr(self.target, "backend_choice", None):  # backend: auto (pipeline/runtime/auto.py)
+            body["backend_choice"] = self.target.backend_choice
         if own is not None:
             body["engine"] = own
         return body, 503 if status == "failing" else 200

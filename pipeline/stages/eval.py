@@ -11,7 +11,8 @@ in the same process: on transformers prompt-lookup decoding (`hf-pld`) and assis
 (`hf-assisted`; the universal path with `assistant_tokenizer` when the tokenizers differ); on llama.cpp
 llama-cpp-python's prompt lookup (`llama-pld`) and draft-model speculation with the assistant's GGUF (`llama-draft`).
 A target's `backend` (transformers, the default, or llamacpp) picks its `TargetBackend` (pipeline/runtime/backend.py);
-a llamacpp target reads the GGUF `make models` verified (its folder's manifest; `gguf:` names another file).
+`auto` measures every installed one here and runs the faster (pipeline/runtime/auto.py; rows and manifest record the
+choice and both predictions); a llamacpp target reads the GGUF `make models` verified (its folder's manifest; `gguf:` names another file).
 The manifest records the machine (CPU model and flags, torch's CPU capability, dtype, threads) and each target's
 measured cost curve, the tree budget's input.
 """
@@ -107,8 +108,9 @@ def resolve(recipe_path: str | Path | None, overrides: Sequence[str] = ()) -> Co
         if not {"name", "path"} <= set(t) or extra:
             raise InputError(f"{where}: eval.targets[{i}] needs name and path (and may set dtype, device, "
                              f"chat_template_kwargs, backend, gguf); got {sorted(t)}")
-        if t.get("backend", "transformers") not in BACKENDS:
-            raise InputError(f"{where}: eval.targets[{i}].backend {t['backend']!r}; expected one of {sorted(BACKENDS)}")
+        if t.get("backend", "transformers") not in (*BACKENDS, "auto"):
+            raise InputError(f"{where}: eval.targets[{i}].backend {t['backend']!r}; expected one of "
+                             f"{sorted(BACKENDS) + ['auto']}")
     if "ooo" in cfg.methods and not cfg.sidecar:
         raise InputError(f"{where}: eval.methods has 'ooo' but eval.sidecar is not set (model, adapter)")
     return cfg
@@ -142,6 +144,7 @@ def decode(cfg: Config) -> Path:
     inputs = [Path(cfg.requests_root) / b / f"{cfg.split}.jsonl" for b in requests]
     old = run_dir / "manifest.json"  # rows accumulate over runs: keep the curves of targets measured before
     curves = dict(read_json(old).get("cost_curves") or {}) if old.is_file() else {}
+    choices = dict(read_json(old).get("backend_choices") or {}) if old.is_file() else {}
     dtype, decoded = resolve_dtype("auto"), False
     try:
         for tcfg in cfg.targets:
@@ -154,32 +157,59 @@ def decode(cfg: Config) -> Path:
                 continue
             decoded = True
             dtype = resolve_dtype(tcfg.get("dtype", "auto"), tcfg.get("device", "cpu"))
-            eval_target(cfg, tcfg, todo, tmethods, dtype, writer, done, curves, ident, chunk, switch, run_dir)
+            target = None
+            if tcfg.get("backend") == "auto":  # measured on this machine: the faster backend for ooo (else the
+                target, choice = auto_target(cfg, tcfg, dtype)  # first method) runs every method of this target
+                choices[tname] = choice.record()
+                tcfg = {**tcfg, "backend": choice.backend, "backend_choice": choice.summary()}
+                tmethods = target_methods(cfg, tcfg)
+            eval_target(cfg, tcfg, todo, tmethods, dtype, writer, done, curves, ident, chunk, switch, run_dir,
+                        target)
             release()  # the target, its runner, peers and caches are gone before the next target loads
     finally:
         writer.finish()  # also when stopped: the rows so far, whole, for the next run (and git) to continue
         if decoded or not old.is_file():  # a run that decoded nothing keeps the manifest of the run that did
             write_manifest(run_dir, "eval", cfg.recipe, inputs,
                            extra={"machine": machine(dtype, cfg.threads), "cost_curves": curves,
+                                  "backend_choices": choices,
                                   "sidecar": ident,
                                   "git_commit": git_commit(run_dir)})
         seal(run_dir)
     return run_dir
 
 
-def eval_target(cfg: Config, tcfg: dict, todo: list, tmethods: list[str], dtype, writer, done: dict, curves: dict,
-                ident: dict | None, chunk: int | None, switch: bool, run_dir: Path) -> None:
-    """One target's rows. Everything it loads (target, runner, peers, sidecar workers, prefix cache, memo) lives in
-    this call's frame only, so it can be freed before the next target loads (`release`): 14B then 32B on one 80 GB
-    GPU must not hold both. A sidecar that cannot load on its device fails the run here (`Runner`)."""
+def load_eval_target(cfg: Config, tcfg: dict, backend: str, dtype):
+    """The target of one `eval.targets` entry on `backend`, on every core the run has."""
     from ..runtime.backend import load_target
 
-    tname = tcfg["name"]
     torch.set_num_threads(cfg.threads or len(available_cores()))
-    backend = tcfg.get("backend", "transformers")
     kw = {"threads": cfg.threads or len(available_cores())} if backend == "llamacpp" else {}
-    target = load_target(backend, tcfg["path"], dtype=dtype, device=tcfg.get("device", "cpu"), gguf=tcfg.get("gguf"),
-                         chat_template_kwargs=tcfg.get("chat_template_kwargs"), prefix_cache=cfg.prefix_cache, **kw)
+    return load_target(backend, tcfg["path"], dtype=dtype, device=tcfg.get("device", "cpu"), gguf=tcfg.get("gguf"),
+                       chat_template_kwargs=tcfg.get("chat_template_kwargs"), prefix_cache=cfg.prefix_cache, **kw)
+
+
+def auto_target(cfg: Config, tcfg: dict, dtype):
+    """`backend: auto`: (the target on the backend predicted faster here for the run's `ooo`, else its first
+    method, and the `Choice`): pipeline/runtime/auto.py."""
+    from ..runtime.auto import choose
+
+    method = "ooo" if "ooo" in cfg.methods else cfg.methods[0]
+    only = None if tcfg.get("device", "cpu") == "cpu" else [("transformers", None),
+                                                            ("llamacpp", "llama.cpp runs on the CPU only")]
+    return choose(tcfg["path"], method, lambda backend: load_eval_target(cfg, tcfg, backend, dtype),
+                  gguf=tcfg.get("gguf"), only=only)
+
+
+def eval_target(cfg: Config, tcfg: dict, todo: list, tmethods: list[str], dtype, writer, done: dict, curves: dict,
+                ident: dict | None, chunk: int | None, switch: bool, run_dir: Path, target=None) -> None:
+    """One target's rows. Everything it loads (target, runner, peers, sidecar workers, prefix cache, memo) lives in
+    this call's frame only, so it can be freed before the next target loads (`release`): 14B then 32B on one 80 GB
+    GPU must not hold both. A sidecar that cannot load on its device fails the run here (`Runner`). `target`: one
+    `backend: auto` already loaded (on `tcfg`'s backend)."""
+    tname = tcfg["name"]
+    backend = tcfg.get("backend", "transformers")
+    if target is None:
+        target = load_eval_target(cfg, tcfg, backend, dtype)
     target.name = tname
     if cfg.tree_budget == "auto":
         curves[tname] = target.calibrate().as_dict()
@@ -203,6 +233,8 @@ def eval_target(cfg: Config, tcfg: dict, todo: list, tmethods: list[str], dtype,
         for bench, req in tqdm(todo, desc=f"eval {tname}", unit="req"):
             for row in runner.run(bench, req, done):
                 stamp = {"sidecar": ident} if uses_sidecar(row["method"]) else {}
+                if tcfg.get("backend_choice"):
+                    stamp["backend_choice"] = tcfg["backend_choice"]
                 if row.get("schedule") == "adaptive":
                     stamp["wave_chunk"] = chunk
                     if switch:
