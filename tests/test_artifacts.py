@@ -47,7 +47,7 @@ def test_seal_and_check_catch_a_changed_an_unlisted_and_an_oversized_file(tmp_pa
 
 @pytest.mark.skipif(not (ADAPTER / "adapter_config.json").is_file(), reason="no committed adapter in this checkout")
 def test_committed_adapter_is_complete():
-    for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer_config.json", "recipe.yaml",
+    for name in ("adapter_model.safetensors", "adapter_config.json", "recipe.yaml",
                  "metrics.json", "loss.png", "manifest.json"):
         assert (ADAPTER / name).is_file(), name
     tracked = [str(f) for f in artifacts.tracked(ROOT) or []]  # checkpoint-*/ may exist locally: never committed

@@ -4,7 +4,7 @@ Run as: python -m pipeline.stages.upload --adapter checkpoints/sidecar/<recipe>/
             [--dry-run] [--private] [--base-model HUB_ID]        (or --recipe recipes/sidecar/<recipe>.yaml)
 
 What goes up (one `upload_folder` commit into a repo made with `create_repo(exist_ok=True)`): the peft adapter, the
-tokenizer, the resolved recipe, metrics, the loss curve, `accuracy.json/.md` when `make sidecar-eval` wrote them, and
+tokenizer (the adapter folder's, else its local base model's), the resolved recipe, metrics, the loss curve, `accuracy.json/.md` when `make sidecar-eval` wrote them, and
 README.md — the model card generated here (base model, training data and licenses, recipe, accuracy table, usage
 with peft and with vLLM `--enable-lora`). Trainer checkpoints, optimizer states, pickles and per-request
 predictions stay local (IGNORE_PATTERNS).
@@ -17,7 +17,10 @@ the files an upload would send. A record of each run (files, repo, commit) goes 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
+from contextlib import nullcontext
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +69,21 @@ def check_adapter(adapter: Path) -> None:
         raise InputError(f"{adapter / 'adapter_config.json'}: missing; {adapter} is not a peft adapter folder")
     if not any((adapter / w).is_file() for w in ADAPTER_WEIGHTS):
         raise InputError(f"{adapter}: no adapter weights (expected one of {list(ADAPTER_WEIGHTS)})")
-    if not (adapter / "tokenizer_config.json").is_file():
-        raise InputError(f"{adapter / 'tokenizer_config.json'}: missing; the adapter folder must carry its tokenizer")
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
+
+
+def tokenizer_source(adapter: Path, base: str | None) -> Path:
+    """Where the repo's tokenizer comes from: the adapter folder's own, else its local base model's (a committed
+    adapter leaves out the copy `make models` builds beside it: SmolLM2's is 3.5 MB of the 40 MB tree)."""
+    if (adapter / "tokenizer_config.json").is_file():
+        return adapter
+    if base and (Path(base) / "tokenizer_config.json").is_file():
+        return Path(base)
+    raise InputError(f"{adapter / 'tokenizer_config.json'}: missing, and the base model {base!r} is no local folder "
+                     "with a tokenizer (build it with `make models`, or save the tokenizer into the adapter folder)")
 
 
 def find_recipe(adapter: Path) -> tuple[Path | None, dict | None]:
@@ -189,7 +205,9 @@ def upload(adapter: str | Path, repo: str, *, dry_run: bool = False, private: bo
         f.write(model_card(repo, adapter_config, recipe_path, recipe, accuracy, base_model,
                            read_json(adapter / "metrics.json") if (adapter / "metrics.json").is_file() else None))
     seal(adapter)  # the card is one of the adapter's files now
-    files = upload_files(adapter)
+    tok_dir = tokenizer_source(adapter, adapter_config.get("base_model_name_or_path"))
+    extra = [] if tok_dir == adapter else [f for f in TOKENIZER_FILES if (tok_dir / f).is_file()]
+    files = sorted(set(upload_files(adapter)) | set(extra))
 
     # Upload
     record = {"repo": repo, "private": private, "dry_run": dry_run, "files": files}
@@ -199,8 +217,17 @@ def upload(adapter: str | Path, repo: str, *, dry_run: bool = False, private: bo
     else:
         api = HfApi(token=token)
         repo_url = api.create_repo(repo, private=private, exist_ok=True)
-        commit = api.upload_folder(repo_id=repo, folder_path=str(adapter), ignore_patterns=IGNORE_PATTERNS,
-                                   commit_message=commit_message)
+        with tempfile.TemporaryDirectory(prefix="ooo-upload-") if extra else nullcontext() as staging:
+            folder = adapter
+            if extra:  # the adapter's files and its base's tokenizer, side by side
+                folder = Path(staging)
+                for f in upload_files(adapter):
+                    (folder / f).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(adapter / f, folder / f)
+                for f in extra:
+                    shutil.copy2(tok_dir / f, folder / f)
+            commit = api.upload_folder(repo_id=repo, folder_path=str(folder), ignore_patterns=IGNORE_PATTERNS,
+                                       commit_message=commit_message)
         record.update(repo_url=str(repo_url), commit_url=getattr(commit, "commit_url", None))
         print(f"uploaded {len(files)} files to {repo_url} ({record['commit_url']})")
     config = {"adapter": str(adapter), "repo": repo, "dry_run": dry_run, "private": private, "base_model": base_model}

@@ -3,6 +3,7 @@ the create_repo / upload_folder calls (HfApi methods replaced; no network)."""
 
 import json
 import shutil
+from pathlib import Path
 
 import huggingface_hub
 import pytest
@@ -142,6 +143,37 @@ def test_upload_creates_the_repo_and_uploads_the_same_files(adapter, hub):
 
     every = [p.relative_to(adapter).as_posix() for p in adapter.rglob("*") if p.is_file()]
     assert record["files"] == sorted(filter_repo_objects(every, ignore_patterns=kw2["ignore_patterns"]))
+
+
+def test_an_adapter_without_its_tokenizer_uploads_its_local_bases(adapter, hub, tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (adapter / f).rename(base / f)
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = str(tmp_path / "nowhere")
+    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=r"tokenizer_config.json: missing, and the base model .*nowhere"):
+        up.upload(adapter, "user/x", dry_run=True)
+    cfg["base_model_name_or_path"] = str(base)
+    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
+    staged = {}
+    real = huggingface_hub.HfApi.upload_folder
+
+    def upload_folder(self, **kw):  # what the staging folder holds while it is uploaded
+        staged.update({p.relative_to(kw["folder_path"]).as_posix(): p.read_bytes()
+                       for p in Path(kw["folder_path"]).rglob("*") if p.is_file()})
+        return real(self, **kw)
+
+    huggingface_hub.HfApi.upload_folder = upload_folder
+    try:
+        record = up.upload(adapter, "user/x")
+    finally:
+        huggingface_hub.HfApi.upload_folder = real
+    assert {"tokenizer.json", "tokenizer_config.json", "adapter_model.safetensors"} <= set(record["files"])
+    assert staged["tokenizer.json"] == (base / "tokenizer.json").read_bytes() and set(staged) == set(record["files"])
+    assert hub[-1][2]["folder_path"] != str(adapter)  # a staging folder
+    assert not (adapter / "tokenizer.json").exists()
 
 
 def test_card_without_recipe_or_accuracy_and_with_a_local_base(adapter, hub):
