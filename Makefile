@@ -10,7 +10,7 @@ PIP := $(VENV)/bin/pip
 TORCH_CPU ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: setup setup-llamacpp test test-vllm lint smoke data traces labels vllm-traces train train-deepspeed-check sidecar-eval bench-wave \
+.PHONY: setup setup-llamacpp test test-vllm lint smoke data traces labels vllm-traces train train-target train-deepspeed-check sidecar-eval bench-wave \
 	bench-runtime bench-vllm bench-prefill profile-train eval report upload models vllm-setup serve bench-serve soak gpu-check
 
 setup: $(VENV)/.setup-done
@@ -82,6 +82,13 @@ vllm-traces:
 SIDECAR ?= recipes/sidecar/smollm2-135m-cpu-v9.yaml
 train: setup
 	$(PY) -m pipeline.stages.train --recipe $(or $(RECIPE),$(SIDECAR)) $(ARGS)
+
+# A target made a tool caller: LoRA SFT of a base model on the gold calls of the train split (train.mode: target);
+# `make models` then merges the adapter into checkpoints/base/<name> (recipes/models.yaml `adapter:`).
+TARGET_RECIPE ?= recipes/target/gemma3-270m-tools.yaml
+train-target: setup
+	$(PY) -m pipeline.stages.models --only $(shell sed -n 's/^  model: checkpoints\/base\///p' $(TARGET_RECIPE))
+	$(PY) -m pipeline.stages.train --recipe $(TARGET_RECIPE) $(ARGS)
 
 # DeepSpeed ZeRO-2 through accelerate with two CPU processes on the tiny recipe: proves the multi-GPU path runs.
 train-deepspeed-check: setup

@@ -166,6 +166,66 @@ def pack_rows(tokenizer, requests: dict[str, dict], rows: list[tuple[str, dict]]
     return sequences, stats
 
 
+def target_call_ids(tokenizer, request: dict, calls: list[dict],
+                    chat_template_kwargs: dict | None = None) -> tuple[list[int], list[int]]:
+    """(prompt ids, answer ids) of a request answered with `calls` in the target's own chat template: the prompt is
+    the template with the generation prompt, the answer the assistant turn the template renders for those calls,
+    up to and including its end-of-turn token (what the target learns to write, and to stop after)."""
+    kwargs = chat_template_kwargs or {}
+    tools = request.get("tools") or None
+    turn = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", {})}}
+                           for c in calls]}
+    prompt = tokenizer.apply_chat_template(request["messages"], tools=tools, add_generation_prompt=True,
+                                           tokenize=False, **kwargs)
+    full = tokenizer.apply_chat_template(request["messages"] + [turn], tools=tools, tokenize=False, **kwargs)
+    if not full.startswith(prompt):
+        raise InputError(f"record {request.get('id')}: the chat template renders the assistant's call turn as a "
+                         "rewrite of the prompt, not a continuation of it; a target cannot learn to write it")
+    answer = full[len(prompt):]
+    from ..runtime.families import tokenizer_family
+
+    stops = {tokenizer.eos_token, *tokenizer_family(tokenizer).stops}
+    ends = [answer.find(t) + len(t) for t in stops if t and t in answer]
+    answer = answer[:min(ends)] if ends else answer
+    p_ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    ids = tokenizer(prompt + answer, add_special_tokens=False).input_ids
+    if ids[:len(p_ids)] != p_ids:
+        raise InputError(f"record {request.get('id')}: the prompt's tokens change when the answer follows it (the "
+                         "template's generation prompt ends inside a token); the answer cannot be split off")
+    return p_ids, ids[len(p_ids):]
+
+
+def pack_targets(tokenizer, requests: dict[str, dict], chat_template_kwargs: dict | None = None,
+                 max_length: int | None = None, progress: bool = False) -> tuple[list[dict], dict]:
+    """One sequence per request for the target SFT (`train.mode: target`): its prompt (segment 0, no loss) and its
+    gold calls as the target's template writes them (segment 1, the loss). The same sequence form as `pack_rows`,
+    one row each, so `PackedCollator` and the trainer take it unchanged."""
+    stats = {"requests": 0, "rows_in": len(requests), "rows_kept": 0, "rows_dropped_too_long": 0, "sequences": 0,
+             "tokens": 0, "answer_tokens": 0, "unpacked_tokens": 0, "function_copies": 0}
+    sequences = []
+    items = requests.items()
+    if progress:
+        from tqdm import tqdm
+        items = tqdm(items, desc="render", unit="req")
+    for rid, request in items:
+        prompt, answer = target_call_ids(tokenizer, request, request["gold"], chat_template_kwargs)
+        n = len(prompt) + len(answer)
+        if max_length is not None and n > max_length:
+            stats["rows_dropped_too_long"] += 1
+            continue
+        sequences.append({"request_id": rid, "input_ids": prompt + answer, "position_ids": list(range(n)),
+                          "segment_ids": [0] * len(prompt) + [1] * len(answer),
+                          "labels": [IGNORE] * len(prompt) + answer, "n_rows": 1})
+        stats["requests"] += 1
+        stats["rows_kept"] += 1
+        stats["tokens"] += n
+        stats["unpacked_tokens"] += n
+        stats["answer_tokens"] += len(answer)
+    stats["sequences"] = len(sequences)
+    return sequences, stats
+
+
 def packed_attention_mask(segment_ids):
     """Boolean [b, 1, L, L] mask (True = may attend) from segment ids [b, L]: 0 prefix, j row j, -1 padding.
 
@@ -196,7 +256,8 @@ class PackedCollator:
     """Batches packed requests: right-pads to the longest (optionally to a multiple) and builds the 4-D mask.
 
     Output: input_ids, position_ids, labels [b, L] and attention_mask [b, 1, L, L] (bool; `additive_mask` turns it
-    into the float form for eager attention). Padding: pad_token_id, position 0, label -100, segment -1.
+    into the float form for eager attention), or [b, L] (1 = token, 0 = padding) where every sequence has one row.
+    Padding: pad_token_id, position 0, label -100, segment -1.
     """
 
     pad_token_id: int
@@ -213,7 +274,11 @@ class PackedCollator:
             return torch.tensor([list(f[key]) + [value] * (L - len(f[key])) for f in features], dtype=torch.long)
 
         segments = pad("segment_ids", PAD_SEGMENT)
-        return {"input_ids": pad("input_ids", self.pad_token_id), "attention_mask": packed_attention_mask(segments),
+        # Sequences of one row (a prefix and one answer: the target SFT) need no packed mask: causal attention with
+        # the padding masked is the same, and a 2-D mask lets a model build its own (Gemma 3's sliding window).
+        plain = bool((segments <= 1).all())
+        mask = (segments >= 0).long() if plain else packed_attention_mask(segments)
+        return {"input_ids": pad("input_ids", self.pad_token_id), "attention_mask": mask,
                 "position_ids": pad("position_ids", 0), "labels": pad("labels", IGNORE)}
 
 

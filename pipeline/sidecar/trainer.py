@@ -35,6 +35,8 @@ def model_inputs(model, batch: dict) -> dict:
         raise ValueError(f"packed sidecar rows need a custom 4-D attention mask, which attn_implementation={impl!r} "
                          f"does not take; use one of {MASK_READY_ATTENTION}")
     mask = batch["attention_mask"]
+    if mask.dim() == 2:  # one row per sequence: plain causal attention over the unpadded tokens
+        return {"input_ids": batch["input_ids"], "attention_mask": mask, "position_ids": batch["position_ids"]}
     if impl == "eager" and mask.dtype == torch.bool:
         dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
         if torch.is_autocast_enabled(mask.device.type):

@@ -42,6 +42,10 @@ from . import main as stage_main
 STAGE = "train"
 DEFAULT_RECIPE = "recipes/sidecar/smollm2-135m-cpu-v9.yaml"  # the default sidecar, as `make train` names it
 DEFAULTS = {
+    "mode": "sidecar",            # sidecar: the wave's rows (function and slot questions) | target: teach the model
+                                  # itself to write tool calls (the request's prompt in its chat template, its gold
+                                  # calls as that template writes them; `rows: [gold]` only; output under
+                                  # checkpoints/target/)
     "model": None,                # base model: a local folder or a hub id
     "requests": [],               # request JSONL files (globs allowed) the rows were built from
     "rows": [],                   # row sources in order of precedence: SFT row files of the labels stage (globs
@@ -76,6 +80,7 @@ DEFAULTS = {
 }
 SECTIONS = ("train", "sft", "lora")
 GOLD = "gold"  # a `train.rows` source: rows built from each request's first gold call
+MODES = ("sidecar", "target")
 FORCED_SFT = {"remove_unused_columns": False, "dataset_kwargs": {"skip_prepare_dataset": True},
               "packing": False, "padding_free": False}
 
@@ -163,6 +168,12 @@ def from_recipe(config: dict, where: str, check_init: bool = True) -> dict:
         raise InputError(f"{where}: train.model is required (a local model folder or a hub id)")
     if isinstance(train["rows"], str):
         train["rows"] = [train["rows"]]
+    if train["mode"] not in MODES:
+        raise InputError(f"{where}: train.mode={train['mode']!r}; expected one of {', '.join(MODES)}")
+    if train["mode"] == "target" and train["rows"] != [GOLD]:
+        raise InputError(f"{where}: train.mode=target trains on the requests' gold calls only (rows: [{GOLD}]), got "
+                         f"rows={train['rows']!r}: a target taught another target's calls would agree with a "
+                         "sidecar distilled from them by construction")
     if not train["rows"]:
         raise InputError(f"{where}: train.rows is required: row files of the labels stage and/or `{GOLD}`, in order "
                          "of precedence (e.g. [data/labels/<teacher>/rows/train.jsonl, gold])")
@@ -192,7 +203,7 @@ def from_recipe(config: dict, where: str, check_init: bool = True) -> dict:
     if train["init_adapter"] and check_init:
         check_init_adapter(train, lora, where)
     name = config.get("recipe_name", "default")
-    sft.setdefault("output_dir", f"checkpoints/sidecar/{name}")
+    sft.setdefault("output_dir", f"checkpoints/{train['mode']}/{name}")
     return {"recipe_name": name, "train": train, "sft": sft, "lora": lora}
 
 
@@ -310,14 +321,8 @@ def expand(patterns, key: str) -> list[Path]:
     return paths
 
 
-def load_rows(train: dict) -> tuple[dict, list[tuple[str, dict]], list[Path], dict, dict]:
-    """Requests by id, (location, row) pairs, the input files, counts of what was skipped, and rows per source.
-
-    `train.rows` is an ordered list of sources (row files, globs allowed, or `gold`); the first source that has rows
-    for a request wins it, so `[<target labels>, gold]` trains on the target's own call wherever the target was
-    traced and on the gold call elsewhere."""
-    from ..sidecar.rows import build_rows, label_from_call
-
+def load_requests(train: dict) -> tuple[dict, list[Path]]:
+    """The requests of `train.requests` by id (only `train.slice`'s part of them), and the files read."""
     req_files = expand(train["requests"], "requests")
     requests: dict[str, dict] = {}
     for path in req_files:
@@ -328,6 +333,39 @@ def load_rows(train: dict) -> tuple[dict, list[tuple[str, dict]], list[Path], di
     if train.get("slice") is not None:
         k, n = train["slice"]
         requests = {rid: req for rid, req in requests.items() if slice_of(rid, n) == k}
+    return requests, req_files
+
+
+def load_target_requests(train: dict) -> tuple[dict, list[Path], dict]:
+    """`train.mode: target`: the requests whose gold calls can be taught (every call names an offered tool), the
+    first `max_requests` of them; the files read and counts of what was skipped."""
+    requests, files = load_requests(train)
+    skipped = {"no_gold": 0, "gold_errors": 0, "gold_not_offered": 0}
+    keep = {}
+    for rid, req in requests.items():
+        offered = {(t.get("function") or t).get("name") for t in req.get("tools") or []}
+        if not req.get("gold"):
+            skipped["no_gold"] += 1
+        elif req.get("gold_errors"):
+            skipped["gold_errors"] += 1
+        elif any(c.get("name") not in offered for c in req["gold"]):
+            skipped["gold_not_offered"] += 1
+        else:
+            keep[rid] = req
+    if train["max_requests"]:
+        keep = dict(list(keep.items())[: int(train["max_requests"])])
+    return keep, files, skipped
+
+
+def load_rows(train: dict) -> tuple[dict, list[tuple[str, dict]], list[Path], dict, dict]:
+    """Requests by id, (location, row) pairs, the input files, counts of what was skipped, and rows per source.
+
+    `train.rows` is an ordered list of sources (row files, globs allowed, or `gold`); the first source that has rows
+    for a request wins it, so `[<target labels>, gold]` trains on the target's own call wherever the target was
+    traced and on the gold call elsewhere."""
+    from ..sidecar.rows import build_rows, label_from_call
+
+    requests, req_files = load_requests(train)
     skipped = {"no_gold": 0, "gold_errors": 0, "gold_not_offered": 0}
     rows: list[tuple[str, dict]] = []
     row_files: list[Path] = []
@@ -409,7 +447,7 @@ def fit(resolved: dict, recipe_path: str | None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig
 
-    from ..sidecar.packing import PackedCollator, pack_rows
+    from ..sidecar.packing import PackedCollator, pack_rows, pack_targets
     from ..sidecar.trainer import PackedSFTTrainer
 
     train, sft_kw, lora_kw = resolved["train"], resolved["sft"], resolved["lora"]
@@ -418,9 +456,14 @@ def fit(resolved: dict, recipe_path: str | None) -> Path:
         torch.set_num_threads(int(train["threads"]))
 
     # Load data
-    requests, rows, inputs, skipped, sources = load_rows(train)
+    target = train["mode"] == "target"
+    if target:
+        requests, inputs, skipped = load_target_requests(train)
+        rows, sources = [], {GOLD: {"requests": len(requests), "rows": len(requests)}}
+    else:
+        requests, rows, inputs, skipped, sources = load_rows(train)
     inputs = inputs + init_weights(train)  # the manifest records the weights continued from (a changed one retrains)
-    if not rows:
+    if not (requests if target else rows):
         raise InputError(f"train: no rows to train on (skipped requests: {skipped})")
     tokenizer = AutoTokenizer.from_pretrained(train["model"])
     if tokenizer.pad_token is None:
@@ -431,9 +474,13 @@ def fit(resolved: dict, recipe_path: str | None) -> Path:
           file=sys.stderr)
     args = SFTConfig(**{"report_to": "none", **sft_kw, **FORCED_SFT,
                         **{k: plan[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps")}})
-    sequences, stats = pack_rows(tokenizer, requests, rows, train["compact"], train["chat_template_kwargs"],
-                                 args.max_length, float(train["null_keep"]), args.seed, progress=True,
-                                 questions=train["questions"], function_repeat=train["function_repeat"])
+    if target:
+        sequences, stats = pack_targets(tokenizer, requests, train["chat_template_kwargs"], args.max_length,
+                                        progress=True)
+    else:
+        sequences, stats = pack_rows(tokenizer, requests, rows, train["compact"], train["chat_template_kwargs"],
+                                     args.max_length, float(train["null_keep"]), args.seed, progress=True,
+                                     questions=train["questions"], function_repeat=train["function_repeat"])
     if not sequences:
         raise InputError(f"train: every row was dropped ({stats}); raise sft.max_length")
     for s in sequences:
@@ -472,11 +519,14 @@ def fit(resolved: dict, recipe_path: str | None) -> Path:
 
     # Save: adapter + tokenizer into a temporary folder, then moved into place; manifest last
     final_tmp = out / ".final.partial"
+    if target:  # a target's adapter goes onto its base, which has the tokenizer (Gemma's: 33 MB)
+        trainer.processing_class = None
     trainer.save_model(str(final_tmp))
     if trainer.is_world_process_zero():
         if train["save_dtype"]:
             cast_weights(final_tmp / "adapter_model.safetensors", train["save_dtype"])
-        tokenizer.save_pretrained(str(final_tmp))
+        if not target:
+            tokenizer.save_pretrained(str(final_tmp))
         for f in final_tmp.iterdir():
             os.replace(f, out / f.name)
         shutil.rmtree(final_tmp, ignore_errors=True)
@@ -492,7 +542,7 @@ def fit(resolved: dict, recipe_path: str | None) -> Path:
                    "world_size": trainer.accelerator.num_processes, "batch": plan,
                    "log_history": trainer.state.log_history}
         write_json(out / "metrics.json", metrics)
-        plot_loss(trainer.state.log_history, out / "loss.png", f"sidecar {resolved['recipe_name']}")
+        plot_loss(trainer.state.log_history, out / "loss.png", f"{train['mode']} {resolved['recipe_name']}")
         write_manifest(out, STAGE, resolved, inputs, extra={"recipe": recipe_path,
                                                            "metrics": {k: v for k, v in metrics.items()
                                                                        if k != "log_history"}})

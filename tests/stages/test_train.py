@@ -317,3 +317,48 @@ def test_deepspeed_zero2_runs_two_processes_on_cpu(model_dir, tmp_path):
                                 "gradient_accumulation_steps": 1}
     assert list((out / "checkpoint-4").glob("global_step4"))  # a DeepSpeed engine checkpoint, not a plain one
     assert (out / "adapter_model.safetensors").is_file()
+
+
+# --- train.mode: target (a target taught to write tool calls) ------------------------------------------------------
+
+def test_target_sequences_are_the_prompt_then_the_gold_calls_as_the_template_writes_them(model_dir):
+    from transformers import AutoTokenizer
+
+    from pipeline.requests import render_prompt
+    from pipeline.sidecar.packing import IGNORE, PackedCollator, pack_targets
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    requests = {r["id"]: r for r in read_jsonl(FIXTURES)}
+    seqs, stats = pack_targets(tok, requests)
+    assert stats["sequences"] == len(requests) == len(seqs)
+    for s in seqs:
+        request = requests[s["request_id"]]
+        n = s["segment_ids"].count(0)
+        assert tok.decode(s["input_ids"][:n]) == render_prompt(tok, request, {})  # the prompt, no loss on it
+        assert set(s["labels"][:n]) == {IGNORE} and s["labels"][n:] == s["input_ids"][n:]
+        answer = tok.decode(s["input_ids"][n:])
+        assert answer.endswith("<|im_end|>") and answer.count("<tool_call>") == len(request["gold"])
+        assert f'"name": "{request["gold"][0]["name"]}"' in answer
+    batch = PackedCollator(tok.pad_token_id)(seqs[:2])
+    assert batch["attention_mask"].dim() == 2  # one row per sequence: plain causal attention, padding masked
+    assert batch["attention_mask"].sum() == sum(len(s["input_ids"]) for s in seqs[:2])
+    assert pack_targets(tok, requests, max_length=8)[1]["rows_dropped_too_long"] == len(requests)
+
+
+def test_target_mode_trains_on_gold_calls_only_and_saves_no_tokenizer(model_dir, tmp_path):
+    out = tmp_path / "target"
+    args = overrides(model_dir, out, "train.mode=target", "train.rows=[gold]", "sft.max_steps=2")
+    assert run_stage(["--recipe", RECIPE, *args]) == out
+    assert (out / "adapter_model.safetensors").is_file() and (out / "manifest.json").is_file()
+    assert not (out / "tokenizer.json").exists()  # the base model folder has it (Gemma's is 33 MB)
+    metrics = read_json(out / "metrics.json")
+    assert metrics["global_step"] == 2 and metrics["pack"]["sequences"] == len(read_jsonl(FIXTURES))
+    assert metrics["row_sources"] == {"gold": {"requests": len(read_jsonl(FIXTURES)),
+                                               "rows": len(read_jsonl(FIXTURES))}}
+    with pytest.raises(InputError, match=r"train.mode=target trains on the requests' gold calls only"):
+        run_stage(["--recipe", RECIPE, *overrides(model_dir, tmp_path / "x", "train.mode=target",
+                                                  f"train.rows=[{tmp_path / 'rows.jsonl'}, gold]")])
+    with pytest.raises(InputError, match="train.mode='teacher'; expected one of sidecar, target"):
+        run_stage(["--recipe", RECIPE, *overrides(model_dir, tmp_path / "y", "train.mode=teacher")])
+    assert train.resolve(str(ROOT / "recipes/target/gemma3-270m-tools.yaml")).sft["output_dir"] == \
+        "checkpoints/target/gemma3-270m-tools"
