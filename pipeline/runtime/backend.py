@@ -68,6 +68,9 @@ def gguf_of(model_dir: str | Path, downloads: str | Path = "checkpoints/.downloa
         raise FileNotFoundError(f"{manifest}: missing; the llamacpp backend finds the GGUF of a `make models` folder "
                                 "(or set the target's gguf: path)")
     doc = json.loads(manifest.read_text())
+    if doc.get("adapter"):
+        raise FileNotFoundError(f"{manifest}: the folder's weights are its GGUF's with the adapter "
+                                f"{doc['adapter'].get('path')} merged; no GGUF of them exists for llama.cpp")
     source = Path((doc.get("source") or {}).get("gguf") or "-")
     if source.is_file():
         return source

@@ -38,6 +38,8 @@ FAMILIES = (
     Family("llama3", ("<|start_header_id|>",), ("<|eot_id|>", "<|eom_id|>"), openers=("<|python_tag|>",),
            call_format='bare {"name", "parameters"} (or <|python_tag|>)'),
     Family("mistral", ("[TOOL_CALLS]",), ("</s>",), call_format="[TOOL_CALLS][{json}]"),
+    Family("gemma-tools", ("<start_of_turn>", '"parameters"'), ("<end_of_turn>",),
+           call_format='bare {"name", "parameters"} (the Gemma docs\' function-calling prompt)'),
     Family("gemma", ("<start_of_turn>",), ("<end_of_turn>",), call_format="no template format (```json fence)"),
 )
 GENERIC = Family("generic", (), tuple(dict.fromkeys(s for f in FAMILIES for s in f.stops)),

