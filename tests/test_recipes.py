@@ -27,6 +27,16 @@ def check_sidecar(path, recipe):
     section(recipe, "sidecar_eval", sidecar_eval.KEYS, str(path))  # resolve() also wants the trained adapter
 
 
+def check_target(path, recipe):
+    from pipeline.stages import train
+
+    cfg = train.resolve(path)
+    assert cfg.train["mode"] == "target" and cfg.train["rows"] == ["gold"]
+    assert cfg.sft["output_dir"] == f"checkpoints/target/{path.stem}"
+    from pipeline.stages.models import load_registry  # make models merges this adapter into a registry model
+    assert any(s.adapter == cfg.sft["output_dir"] for s in load_registry().values()), f"{path}: no models.yaml entry"
+
+
 def check_eval(path, recipe):
     from pipeline.stages import eval as eval_stage
 
@@ -60,8 +70,8 @@ def check_models(path, recipe):
     assert load_registry(ROOT / path)
 
 
-CHECKERS = {"teacher": check_teacher, "sidecar": check_sidecar, "eval": check_eval, "serve": check_serve,
-            "data": check_data}
+CHECKERS = {"teacher": check_teacher, "sidecar": check_sidecar, "target": check_target, "eval": check_eval,
+            "serve": check_serve, "data": check_data}
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=str)

@@ -81,13 +81,18 @@ def test_curve_interpolates_and_cache_round_trips(tmp_path, monkeypatch):
 
     key = {"machine": "x", "model": "m"}
     path = None
-    curve = CostCurve((1, 2), (0.1, 0.2), {})
+    curve = CostCurve((1, 2), (0.1, 0.2), {"past": 512, "prefill_s": 1.5})
     import hashlib
 
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = tmp_path / f"{digest}.json"
     path.write_text(json.dumps(curve.as_dict()))
-    assert CostCurve.cached(Fake(), key).seconds == (0.1, 0.2)
+    got = CostCurve.cached(Fake(), key)
+    assert got.seconds == (0.1, 0.2) and got.meta["prefill_s"] == 1.5
+    # a curve cached before the prefill was timed is measured again (backend: auto predicts prefills from it)
+    path.write_text(json.dumps(CostCurve((1, 2), (0.1, 0.2), {}).as_dict()))
+    with pytest.raises(AttributeError):  # Fake cannot be measured: it was tried
+        CostCurve.cached(Fake(), key)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -97,6 +102,7 @@ def test_measured_budget_prefix_cache_and_schedule_are_lossless(targets, request
     ref = {r["id"]: generate(target, r, "ar", max_new_tokens=16, tree_budget="fixed") for r in requests}
     curve = target.calibrate(past=32, reps=1, cache=False)
     assert len(curve.seconds) == 6 and all(s > 0 for s in curve.seconds)
+    assert curve.meta["prefill_s"] > 0 and curve.meta["past"] == 32  # the prefill of the curve's cache, timed
 
     class Halve:  # a schedule that changes the thread count every round
         n = 0

@@ -376,7 +376,7 @@ def test_real_folder_if_built(name):
     folder = REPO / "checkpoints" / "base" / name
     spec = models.load_registry()[name]
     if not (folder / "manifest.json").is_file():
-        pytest.skip(f"{folder} not built (run `make models`; it downloads about 1.3 GB)")
+        pytest.skip(f"{folder} not built (run `make models`; it downloads about 1.6 GB)")
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     assert models.up_to_date(folder, spec) == (True, "up to date")
