@@ -98,29 +98,29 @@ def predict(curve, method: str, backend: str, workload: dict = WORKLOAD) -> tupl
     return prefill, decode
 
 
-def candidates(path: str, gguf: str | None = None) -> list[tuple[str, str | None]]:
-    """(backend, None) for each backend that can run the model folder here; (backend, why not) for the others."""
-    out: list[tuple[str, str | None]] = [("transformers", None)]
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        out.append(("llamacpp", "llama-cpp-python is not installed (make setup-llamacpp)"))
-        return out
+def candidates(path: str, gguf: str | None = None, device: str = "cpu") -> list[tuple[str, str | None]]:
+    """(backend, None) for each backend that can run the model folder on `device` here; (backend, why not) for the
+    others."""
     from pathlib import Path
 
     from .backend import gguf_of
 
     try:
-        if gguf is not None and not Path(gguf).is_file():
+        if device != "cpu":
+            raise RuntimeError(f"llama.cpp runs on the CPU, not {device}")
+        import llama_cpp  # noqa: F401
+        if gguf is None:
+            gguf_of(path)
+        elif not Path(gguf).is_file():
             raise FileNotFoundError(f"{gguf}: no such GGUF")
-        gguf_of(path) if gguf is None else None
-        out.append(("llamacpp", None))
-    except FileNotFoundError as e:
-        out.append(("llamacpp", str(e)))
-    return out
+    except ImportError:
+        return [("transformers", None), ("llamacpp", "llama-cpp-python is not installed (make setup-llamacpp)")]
+    except (RuntimeError, FileNotFoundError) as e:
+        return [("transformers", None), ("llamacpp", str(e))]
+    return [("transformers", None), ("llamacpp", None)]
 
 
-def choose(path: str, method: str, load: Callable[[str], object], gguf: str | None = None,
+def choose(path: str, method: str, load: Callable[[str], object], gguf: str | None = None, device: str = "cpu",
            workload: dict | None = None, only: list[tuple[str, str | None]] | None = None):
     """(the loaded target of the faster backend, its `Choice`). `load(backend)` loads and returns a target (its
     threads set as it will serve); each is calibrated (`calibrate()`: the cost curve, cached per machine, with
@@ -129,7 +129,7 @@ def choose(path: str, method: str, load: Callable[[str], object], gguf: str | No
 
     workload = workload or WORKLOAD
     estimates, loaded = [], {}
-    for backend, why_not in only if only is not None else candidates(path, gguf):
+    for backend, why_not in only if only is not None else candidates(path, gguf, device):
         if why_not is not None:
             estimates.append(Estimate(backend, error=why_not))
             continue

@@ -155,9 +155,7 @@ def build_engine(cfg: ServeConfig) -> Engine:
         if cfg.backend == "auto":
             from pipeline.runtime.auto import choose
 
-            only = None if cfg.device == "cpu" else [("transformers", None),
-                                                     ("llamacpp", f"llama.cpp runs on the CPU, not {cfg.device}")]
-            target, _ = choose(cfg.target, method, load, gguf=cfg.gguf, only=only)
+            target, _ = choose(cfg.target, method, load, gguf=cfg.gguf, device=cfg.device)
         else:
             target = load(cfg.backend)
     except (FileNotFoundError, ValueError, RuntimeError) as e:  # no GGUF, a GGUF that does not load, a device

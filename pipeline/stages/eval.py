@@ -12,7 +12,8 @@ in the same process: on transformers prompt-lookup decoding (`hf-pld`) and assis
 llama-cpp-python's prompt lookup (`llama-pld`) and draft-model speculation with the assistant's GGUF (`llama-draft`).
 A target's `backend` (transformers, the default, or llamacpp) picks its `TargetBackend` (pipeline/runtime/backend.py);
 `auto` measures every installed one here and runs the faster (pipeline/runtime/auto.py; rows and manifest record the
-choice and both predictions); a llamacpp target reads the GGUF `make models` verified (its folder's manifest; `gguf:` names another file).
+choice and both predictions); a llamacpp target reads the GGUF `make models` verified (its folder's manifest; `gguf:`
+names another file).
 The manifest records the machine (CPU model and flags, torch's CPU capability, dtype, threads) and each target's
 measured cost curve, the tree budget's input.
 """
@@ -194,10 +195,8 @@ def auto_target(cfg: Config, tcfg: dict, dtype):
     from ..runtime.auto import choose
 
     method = "ooo" if "ooo" in cfg.methods else cfg.methods[0]
-    only = None if tcfg.get("device", "cpu") == "cpu" else [("transformers", None),
-                                                            ("llamacpp", "llama.cpp runs on the CPU only")]
     return choose(tcfg["path"], method, lambda backend: load_eval_target(cfg, tcfg, backend, dtype),
-                  gguf=tcfg.get("gguf"), only=only)
+                  gguf=tcfg.get("gguf"), device=tcfg.get("device", "cpu"))
 
 
 def eval_target(cfg: Config, tcfg: dict, todo: list, tmethods: list[str], dtype, writer, done: dict, curves: dict,

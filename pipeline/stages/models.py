@@ -286,8 +286,11 @@ def up_to_date(folder: Path, spec: ModelSpec) -> tuple[bool, str]:
         wanted = spec.chat_template or "the GGUF's own"
         return False, f"{manifest}: built with another chat template than {wanted}"
     if spec.adapter is not None:
-        weights = adapter_dir(spec) / "adapter_model.safetensors"
-        if not weights.is_file() or (m.get("adapter") or {}).get("sha256") != sha256_file(weights):
+        try:
+            sha = adapter_sha(spec)
+        except ModelsError:
+            sha = None
+        if sha is None or (m.get("adapter") or {}).get("sha256") != sha:
             return False, f"{manifest}: not built with the adapter {spec.adapter} as it is now"
     elif m.get("adapter"):
         return False, f"{manifest}: built with an adapter the registry no longer names"

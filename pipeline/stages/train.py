@@ -336,6 +336,13 @@ def load_requests(train: dict) -> tuple[dict, list[Path]]:
     return requests, req_files
 
 
+def gold_skip(request: dict) -> str | None:
+    """Why a request's gold calls cannot be trained on (a key of the stage's skip counts), or None."""
+    if not request.get("gold"):
+        return "no_gold"
+    return "gold_errors" if request.get("gold_errors") else None
+
+
 def load_target_requests(train: dict) -> tuple[dict, list[Path], dict]:
     """`train.mode: target`: the requests whose gold calls can be taught (every call names an offered tool), the
     first `max_requests` of them; the files read and counts of what was skipped."""
@@ -344,12 +351,9 @@ def load_target_requests(train: dict) -> tuple[dict, list[Path], dict]:
     keep = {}
     for rid, req in requests.items():
         offered = {(t.get("function") or t).get("name") for t in req.get("tools") or []}
-        if not req.get("gold"):
-            skipped["no_gold"] += 1
-        elif req.get("gold_errors"):
-            skipped["gold_errors"] += 1
-        elif any(c.get("name") not in offered for c in req["gold"]):
-            skipped["gold_not_offered"] += 1
+        why = gold_skip(req) or ("gold_not_offered" if any(c.get("name") not in offered for c in req["gold"]) else None)
+        if why:
+            skipped[why] += 1
         else:
             keep[rid] = req
     if train["max_requests"]:
@@ -377,10 +381,8 @@ def load_rows(train: dict) -> tuple[dict, list[tuple[str, dict]], list[Path], di
             for rid, req in requests.items():
                 if rid in won:
                     continue
-                if not req.get("gold"):
-                    skipped["no_gold"] += 1
-                elif req.get("gold_errors"):
-                    skipped["gold_errors"] += 1
+                if why := gold_skip(req):
+                    skipped[why] += 1
                 else:
                     try:
                         label = label_from_call(req, req["gold"][0])

@@ -4,8 +4,8 @@ Run as: python -m pipeline.stages.upload --adapter checkpoints/sidecar/<recipe>/
             [--dry-run] [--private] [--base-model HUB_ID]        (or --recipe recipes/sidecar/<recipe>.yaml)
 
 What goes up (one `upload_folder` commit into a repo made with `create_repo(exist_ok=True)`): the peft adapter, the
-tokenizer (the adapter folder's, else its local base model's), the resolved recipe, metrics, the loss curve, `accuracy.json/.md` when `make sidecar-eval` wrote them, and
-README.md — the model card generated here (base model, training data and licenses, recipe, accuracy table, usage
+tokenizer (the adapter folder's, else its local base model's), the resolved recipe, metrics, the loss curve,
+`accuracy.json/.md` when `make sidecar-eval` wrote them, and README.md — the model card generated here (base model, training data and licenses, recipe, accuracy table, usage
 with peft and with vLLM `--enable-lora`). Trainer checkpoints, optimizer states, pickles and per-request
 predictions stay local (IGNORE_PATTERNS).
 
